@@ -1,0 +1,54 @@
+"""`eagle_fx.compile`: options -> capture -> passes -> backend -> SpeculativeModel."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from eagle_fx.capture import capture
+from eagle_fx.drafts import load_draft
+from eagle_fx.options import Options
+from eagle_fx.runtime import SpeculativeModel
+
+log = logging.getLogger("eagle_fx")
+
+__all__ = ["compile", "export", "load_draft"]
+
+
+def _check_pair(base, draft) -> None:
+    if not isinstance(base, torch.nn.Module) or not hasattr(base, "config"):
+        raise TypeError(f"base must be a Hugging Face causal LM (a torch.nn.Module with .config), got {type(base).__name__}")
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "body"):
+        raise TypeError(f"draft must be an eagle_fx draft (use eagle_fx.load_draft(path, base)), got {type(draft).__name__}")
+    bp, dp = next(base.parameters()), next(draft.parameters())
+    if bp.device != dp.device:
+        raise ValueError(f"base is on {bp.device} but the draft is on {dp.device}; move both to one device (draft.to(base.device))")
+    if bp.dtype != dp.dtype:
+        raise ValueError(f"base is {bp.dtype} but the draft is {dp.dtype}; cast both to one dtype (draft.to(base.dtype))")
+    bc = base.config.get_text_config()
+    if draft.config.hidden_size != bc.hidden_size and getattr(draft, "target_hidden_size", None) != bc.hidden_size:
+        raise ValueError(f"draft hidden size {draft.config.hidden_size} does not match base hidden size {bc.hidden_size}")
+
+
+def _backend(gm, backend: str):
+    if backend == "eager":
+        return gm
+    return torch.compile(gm, backend="inductor", dynamic=True)
+
+
+def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = True, backend: str = "eager",
+            max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16) -> SpeculativeModel:  # noqa: A001
+    """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel."""
+    options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
+                      max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size)
+    _check_pair(base, draft)
+    base.eval()
+    draft.eval()
+    graphs = capture(base, draft, prefill_shift=options.prefill_shift)
+    callables = {name: _backend(getattr(graphs, name), options.backend)
+                 for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
+    return SpeculativeModel(graphs, callables, options, base, draft)
+
+
+def export(model, out_dir, target: str = "exported_program"):
+    raise NotImplementedError("eagle_fx.export comes with the deployment-export issue")

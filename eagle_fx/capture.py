@@ -1,0 +1,151 @@
+"""Capture: torch.export the base and draft step functions, then run the capture passes.
+
+Every step graph works on one packed row of tokens (all sequences of the step back to back), so a
+ragged batch, a prefill and a k+1-token verify are the same graph at different token counts:
+
+    base:           (input_ids[1,T], positions[1,T], logits_indices[N], <cache inputs>)
+                    -> (logits[N,V], features[T,F])
+    draft_prefill:  (input_ids, positions, features[T,F], logits_indices, next_tokens[B],
+                     query_start_loc, <cache inputs>) -> (logits[N,Vd], hidden[N,H])
+                    shifted: the draft sees t_1..t_n (the shift is in the graph, matchable)
+    draft_extend:   same without the shift (tokens already aligned with features)
+    draft_step:     as draft_extend, but the feature is the draft's own output (no EAGLE-3 fc)
+
+<cache inputs> = kv_pool, slot_mapping, block_table, query_start_loc (added by insert_kv_cache).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+from torch.fx.graph import CodeGen
+
+from eagle_fx.passes import CAPTURE_PASSES, PassContext, canonicalize_attention
+
+log = logging.getLogger("eagle_fx")
+
+
+class BaseStep(nn.Module):
+    """The base model on packed tokens: logits at `logits_indices`, features at every token."""
+
+    def __init__(self, base: nn.Module, feature_layers: tuple[int, ...] = ()):
+        super().__init__()
+        self.base = base
+        self.feature_layers = tuple(feature_layers)
+
+    def forward(self, input_ids, positions, logits_indices):
+        out = self.base(input_ids=input_ids, position_ids=positions, logits_to_keep=logits_indices,
+                        output_hidden_states=True, use_cache=False)
+        hs = out.hidden_states
+        if self.feature_layers:
+            features = torch.cat([hs[i][0] for i in self.feature_layers], dim=-1)
+        else:
+            features = hs[-1][0]  # EAGLE-1: last hidden state after the final norm
+        return out.logits[0], features
+
+
+def shift_left(input_ids, next_tokens, query_start_loc):
+    """The shifted (reference) draft input: t_1..t_n per sequence, the sampled token last."""
+    ids = torch.roll(input_ids, -1, dims=1)
+    last = query_start_loc[1:] - 1
+    return ids.index_put((torch.zeros_like(last), last), next_tokens)
+
+
+class DraftStep(nn.Module):
+    def __init__(self, draft: nn.Module, base_lm_head: nn.Module, shift: bool, project: bool):
+        super().__init__()
+        self.draft = draft
+        self.lm_head = base_lm_head
+        self.shift = shift
+        self.project = project
+
+    def forward(self, input_ids, positions, features, logits_indices, next_tokens, query_start_loc):
+        if self.shift:
+            input_ids = shift_left(input_ids, next_tokens, query_start_loc)
+        hidden = self.draft.project(features) if self.project else features
+        out = self.draft.body(input_ids, positions, hidden)[logits_indices]
+        return self.draft.logits(out, self.lm_head), out
+
+
+@dataclass
+class StepGraphs:
+    base: GraphModule
+    draft_prefill: GraphModule
+    draft_extend: GraphModule
+    draft_step: GraphModule
+    pass_log: list[str] = field(default_factory=list)
+
+
+def strip_export_checks(gm: GraphModule) -> GraphModule:
+    """Drop the runtime guard and metadata-assert nodes torch.export leaves, and plain-ify calling."""
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target == torch.ops.aten._assert_tensor_metadata.default:
+            g.erase_node(n)
+        elif n.op == "call_module" and n.target == "_guards_fn":
+            g.erase_node(n)
+    g.set_codegen(CodeGen())
+    g.eliminate_dead_code()
+    # a fresh GraphModule: only what the graph references, without export's input-spec hooks
+    return GraphModule(gm, g, class_name="StepGraph")
+
+
+def export_graph(module: nn.Module, args: tuple, dynamic_shapes) -> GraphModule:
+    with torch.no_grad():
+        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    return strip_export_checks(ep.module())
+
+
+def run_capture_passes(gm: GraphModule, ctx: PassContext, name: str, expected_layers: int, pass_log: list[str]) -> GraphModule:
+    for pass_name, fn in CAPTURE_PASSES.items():
+        if fn is canonicalize_attention.run:
+            res = fn(gm, ctx, expected_layers=expected_layers)
+        else:
+            res = fn(gm, ctx)
+        gm = res.gm
+        line = f"{name}: {pass_name}: {res}"
+        pass_log.append(line)
+        log.info(line)
+    return gm
+
+
+def _example_inputs(device, t=10, b=2, n=3):
+    ids = torch.arange(t, device=device)[None] % 7
+    pos = torch.arange(t, device=device)[None]
+    li = torch.arange(n, device=device)
+    qsl = torch.tensor([0, 4, t], device=device)
+    return ids, pos, li, qsl
+
+
+def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = True) -> StepGraphs:
+    dev = next(base.parameters()).device
+    T = torch.export.Dim("T", min=1, max=1 << 20)
+    N = torch.export.Dim("N", min=1, max=1 << 20)
+    B = torch.export.Dim("B", min=1, max=1 << 14)
+    ids, pos, li, qsl = _example_inputs(dev)
+    pass_log: list[str] = []
+    num_layers = base.config.get_text_config().num_hidden_layers
+
+    base_step = BaseStep(base, draft.aux_layer_ids).eval()
+    gm_base = export_graph(base_step, (ids, pos, li), ({1: T}, {1: T}, {0: N}))
+    gm_base = run_capture_passes(gm_base, PassContext(root=base_step), "base", num_layers, pass_log)
+
+    dtype = next(draft.parameters()).dtype
+    feats = torch.zeros(ids.shape[1], draft.feature_dim, device=dev, dtype=dtype)
+    hidden = torch.zeros(ids.shape[1], draft.config.hidden_size, device=dev, dtype=dtype)
+    nxt = torch.zeros(2, dtype=torch.long, device=dev)
+    lm_head = base.get_output_embeddings()
+    graphs = {}
+    for name, shift, project, f in (
+        ("draft_prefill", prefill_shift, True, feats),
+        ("draft_extend", False, True, feats),
+        ("draft_step", False, False, hidden),
+    ):
+        step = DraftStep(draft, lm_head, shift, project).eval()
+        dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1})
+        gm = export_graph(step, (ids, pos, f, li, nxt, qsl), dyn)
+        graphs[name] = run_capture_passes(gm, PassContext(root=step), name, 1, pass_log)
+    return StepGraphs(gm_base, graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log)

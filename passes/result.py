@@ -1,0 +1,29 @@
+"""What every pass takes and returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PassContext:
+    """What a pass may read besides the graph.
+
+    root: the nn.Module that was captured (to resolve `nn_module_stack` paths to modules).
+    kv_layer_offset: the first pool layer the graph's attention layers are written to.
+    """
+
+    root: torch.nn.Module | None = None
+    kv_layer_offset: int = 0
+
+
+@dataclass
+class PassResult:
+    gm: torch.fx.GraphModule
+    num_matches: int
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        extra = f" ({'; '.join(self.notes)})" if self.notes else ""
+        return f"{self.num_matches} match(es){extra}"
