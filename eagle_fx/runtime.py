@@ -14,6 +14,7 @@ bounded by each query's position, and later tokens overwrite those slots.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -94,6 +95,7 @@ class SpeculativeModel:
     """
 
     def __init__(self, graphs: StepGraphs, callables: dict, options: Options, base, draft):
+        self._init_args = (graphs, callables, base, draft)
         self.graphs = graphs
         self.options = options
         self._base_fn = callables["base"]
@@ -118,6 +120,16 @@ class SpeculativeModel:
         self.draft_pool = new_kv_pool(1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
+
+    RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size")
+
+    def replace(self, **changes) -> "SpeculativeModel":
+        """A model over the same captured graphs with other runtime options (k, batch, lengths; new pools)."""
+        bad = sorted(set(changes) - set(self.RUNTIME_OPTIONS))
+        if bad:
+            raise ValueError(f"replace() takes {self.RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
+        graphs, callables, base, draft = self._init_args
+        return SpeculativeModel(graphs, callables, dataclasses.replace(self.options, **changes), base, draft)
 
     @property
     def num_spec_tokens(self) -> int:

@@ -1,0 +1,58 @@
+"""Bad input gets a clear error, and the model stays usable for the next call."""
+import pytest
+import torch
+
+import eagle_fx
+from conftest import compiled, hf_greedy, make_prompts, tiny_base, tiny_draft
+
+
+@pytest.mark.parametrize("prompts,max_new,exc,match", [
+    ([], 4, ValueError, "prompts is empty"),
+    ([[1, 2], []], 4, ValueError, "prompt 1 is empty"),
+    ([[1, 96]], 4, ValueError, r"token id\(s\) \[96\] outside the vocab \[0, 96\)"),
+    ([[-1]], 4, ValueError, "outside the vocab"),
+    ([[1, 2]], 0, ValueError, "max_new_tokens must be an int >= 1"),
+    ([[1] * 60], 10, ValueError, "60 prompt tokens \\+ max_new_tokens 10 > max_seq_len 64"),
+    ("hello", 4, TypeError, "list of token-id lists"),
+    ([[1.5, 2]], 4, TypeError, "non-integer token ids"),
+])
+def test_bad_generate_input(prompts, max_new, exc, match):
+    model = compiled("llama", "eagle").replace(max_seq_len=64)
+    with pytest.raises(exc, match=match):
+        model.generate(prompts, max_new_tokens=max_new)
+    good = make_prompts(2)
+    assert model.generate(good, max_new_tokens=6).sequences == hf_greedy("llama", good, 6)
+
+
+def test_sampling_not_yet_is_clear():
+    with pytest.raises(ValueError, match="only greedy decoding"):
+        compiled("llama", "eagle").generate([[1, 2]], max_new_tokens=2, temperature=0.7)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(num_spec_tokens=0), "num_spec_tokens must be a positive int"),
+    (dict(backend="tpu"), "backend must be one of"),
+    (dict(prefill_shift=False), "prefill_shift=False.*not available yet"),
+    (dict(block_size=-1), "block_size must be a positive int"),
+])
+def test_bad_options(kw, match):
+    with pytest.raises(ValueError, match=match):
+        eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), **kw)
+
+
+def test_replace_refuses_capture_options():
+    with pytest.raises(ValueError, match="change the captured graphs"):
+        compiled("llama", "eagle").replace(prefill_shift=False)
+
+
+def test_dtype_and_device_mismatch():
+    from eagle_fx.drafts import new_draft
+
+    base = tiny_base("llama")
+    draft = new_draft(base, "eagle", seed=1)
+    with pytest.raises(ValueError, match="base is torch.float32 but the draft is torch.bfloat16"):
+        eagle_fx.compile(base, draft.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="base is on cpu but the draft is on meta"):
+        eagle_fx.compile(base, draft.to("meta"))
+    with pytest.raises(TypeError, match="eagle_fx.load_draft"):
+        eagle_fx.compile(base, torch.nn.Linear(2, 2))
