@@ -66,7 +66,7 @@ class DraftStep(nn.Module):
         if self.shift:
             input_ids = shift_left(input_ids, next_tokens, query_start_loc)
         hidden = self.draft.project(features) if self.project else features
-        out = self.draft.body(input_ids, positions, hidden)[logits_indices]
+        out = self.draft.body(input_ids, positions, hidden[None])[0][logits_indices]
         return self.draft.logits(out, self.lm_head), out
 
 

@@ -2,8 +2,8 @@
 
 Both drafts are plain modules with the same three-part interface used by capture:
 
-    h   = draft.project(features)          # EAGLE-1: identity; EAGLE-3: fc over the 3 base layers
-    out = draft.body(input_ids, positions, h)   # one decoder layer, causal SDPA
+    h   = draft.project(features)                # EAGLE-1: identity; EAGLE-3: fc over the 3 base layers
+    out = draft.body(input_ids, positions, h)    # [B, T] tokens, [B, T, F] features: one decoder layer
     tok = draft.to_target(draft_ids)       # EAGLE-3: target_id = draft_id + d2t[draft_id]
 
 and logits through `draft.logits(out, base_lm_head)` (EAGLE-1 uses the base's lm_head, no norm).
@@ -80,10 +80,10 @@ class Eagle1Draft(nn.Module):
         return features
 
     def body(self, input_ids, positions, hidden):
-        e = F.embedding(input_ids, self.embed_tokens.weight)  # [1, T, H]
-        x = self.fc(torch.cat([e, hidden[None].to(e.dtype)], dim=-1))
+        e = F.embedding(input_ids, self.embed_tokens.weight)  # [B, T, H]
+        x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
-        return self.layers[0](x, cos, sin)[0]
+        return self.layers[0](x, cos, sin)
 
     def logits(self, out, base_lm_head):
         return base_lm_head(out)
@@ -135,9 +135,9 @@ class Eagle3Draft(nn.Module):
 
     def body(self, input_ids, positions, hidden):
         e = F.embedding(input_ids, self.embed_tokens.weight)
-        x = hidden[None].to(e.dtype)
+        x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
-        return self.midlayer(e, x, cos, sin)[0]
+        return self.midlayer(e, x, cos, sin)
 
     def logits(self, out, base_lm_head):
         return self.lm_head(self.norm(out))

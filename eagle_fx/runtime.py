@@ -37,6 +37,10 @@ class SpecDecodeStats:
     accepted_per_pos: list[int] = field(default_factory=list)
     total_num_output_tokens: int = 0
     wall_time_s: float = 0.0
+    # where the time went (seconds): base prefill + draft prefill, draft steps + extends, verify
+    time_prefill_s: float = 0.0
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
 
     def __post_init__(self):
         if not self.accepted_per_pos:
@@ -65,6 +69,15 @@ class SpecDecodeStats:
         self.num_accepted_tokens += other.num_accepted_tokens
         self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
         self.total_num_output_tokens += other.total_num_output_tokens
+        self.time_prefill_s += other.time_prefill_s
+        self.time_draft_s += other.time_draft_s
+        self.time_verify_s += other.time_verify_s
+
+    def profile(self) -> dict:
+        """Seconds in prefill, draft, verify, and everything else (host work: metadata, acceptance)."""
+        busy = self.time_prefill_s + self.time_draft_s + self.time_verify_s
+        return {"prefill": self.time_prefill_s, "draft": self.time_draft_s, "verify": self.time_verify_s,
+                "host": max(0.0, self.wall_time_s - busy)}
 
     def as_dict(self) -> dict:
         return {
@@ -75,6 +88,7 @@ class SpecDecodeStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "acceptance_at": self.acceptance_at,
             "wall_time_s": self.wall_time_s,
+            "profile_s": self.profile(),
         }
 
 
@@ -217,6 +231,8 @@ class SpeculativeModel:
         slots = slot_mapping(block_table, seq_index, pos, bs)
         last = qsl[1:] - 1
 
+        clock = time.perf_counter
+        t = clock()
         logits, feats = self._base_fn(input_ids=ids[None], positions=pos[None], logits_indices=last,
                                       kv_pool=self.base_pool, slot_mapping=slots, block_table=block_table,
                                       query_start_loc=qsl)
@@ -229,6 +245,7 @@ class SpeculativeModel:
         dlogits, dhidden = self._draft_prefill(input_ids=ids[None], positions=pos[None], features=feats,
                                                logits_indices=last, next_tokens=pending, query_start_loc=qsl,
                                                kv_pool=self.draft_pool, slot_mapping=slots, block_table=block_table)
+        stats.time_prefill_s += clock() - t
         m = lens.clone()  # tokens in the base KV per sequence
         rows = torch.tensor(active, **long)
         dlogits, dhidden, pending, m = dlogits[rows], dhidden[rows], pending[rows], m[rows]
@@ -241,6 +258,7 @@ class SpeculativeModel:
             d = self._propose(contexts, active, 0, self._to_target(greedy(dlogits)))
             proposals.append(d)
             h = dhidden
+            t = clock()
             for j in range(1, k):
                 p_j = m - 1 + j
                 dl, h = self._draft_step(input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
@@ -249,15 +267,18 @@ class SpeculativeModel:
                 d = self._propose(contexts, active, j, self._to_target(greedy(dl)))
                 proposals.append(d)
             D = torch.stack(proposals, dim=1)  # [A, k]
+            stats.time_draft_s += clock() - t
 
             v_ids = torch.cat([pending[:, None], D], dim=1).reshape(-1)
             v_pos = (m[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
             v_seq = torch.repeat_interleave(one, k + 1)
             v_qsl = ar[:A + 1] * (k + 1)
+            t = clock()
             logits, feats = self._base_fn(input_ids=v_ids[None], positions=v_pos[None],
                                           logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
                                           slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
                                           query_start_loc=v_qsl)
+            stats.time_verify_s += clock() - t
             accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
             acc = accepted.tolist()
             stats.record(acc)
@@ -282,10 +303,12 @@ class SpeculativeModel:
             e_qsl = torch.zeros(len(keep) + 1, **long)
             e_qsl[1:] = n_ext.cumsum(0)
             bt_k = bt[kr]
+            t = clock()
             dlogits, dhidden = self._draft_extend(input_ids=e_ids[None], positions=e_pos[None], features=e_feats,
                                                   logits_indices=e_qsl[1:] - 1, next_tokens=bonus[kr],
                                                   query_start_loc=e_qsl, kv_pool=self.draft_pool,
                                                   slot_mapping=slot_mapping(bt_k, e_seq, e_pos, bs), block_table=bt_k)
+            stats.time_draft_s += clock() - t
             m = m[kr] + n_ext
             pending = bonus[kr]
             active = [active[r] for r in keep]

@@ -16,7 +16,7 @@ def _outputs(draft, base):
     pos = torch.arange(7)[None]
     feats = torch.randn(7, draft.feature_dim)
     with torch.no_grad():
-        out = draft.body(ids, pos, draft.project(feats))
+        out = draft.body(ids, pos, draft.project(feats)[None])[0]
         return draft.logits(out, base.lm_head)
 
 

