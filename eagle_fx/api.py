@@ -36,15 +36,26 @@ def _backend(gm, backend: str):
     return torch.compile(gm, backend="inductor", dynamic=True)
 
 
-def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = True, backend: str = "eager",
-            max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16) -> SpeculativeModel:  # noqa: A001
-    """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel."""
+def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
+            max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
+            prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
+            num_blocks: int | None = None, batch_invariant: bool = False) -> SpeculativeModel:
+    """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
+
+    prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
+    KV is keyed like base KV; True gives the shifted reference scheme. prefill_chunk_size splits
+    prefill into chunks; prefix_caching reuses full KV blocks across requests (LRU eviction);
+    bootstrap is the unshifted scheme's feature before t_0 (zeros by default). batch_invariant
+    makes every token's numerics independent of chunking and batching (bit-identical KV), slower.
+    """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
-                      max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size)
+                      max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
+                      prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
+                      num_blocks=num_blocks, batch_invariant=batch_invariant)
     _check_pair(base, draft)
     base.eval()
     draft.eval()
-    graphs = capture(base, draft, prefill_shift=options.prefill_shift)
+    graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant)
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
     return SpeculativeModel(graphs, callables, options, base, draft)

@@ -1,5 +1,13 @@
-"""The paged KV pool: one tensor per model, fixed-size blocks, a free list, slot mapping."""
+"""The paged KV pool: fixed-size blocks, reference counts, and a prefix cache keyed by block hashes.
+
+A full block is identified by the hash chain of its tokens: h_i = hash(h_{i-1}, tokens of block i).
+Blocks a finished sequence leaves behind are kept (reference count 0, evictable, LRU order) so a
+later request whose prompt starts with the same token chain reuses them. Base and draft pools are
+indexed by the same block ids, so one block id (and one hash) covers both caches.
+"""
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 
@@ -14,31 +22,88 @@ def new_kv_pool(num_layers: int, num_blocks: int, block_size: int, num_kv_heads:
     return torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
 
 
+def block_hashes(tokens: list[int], block_size: int, num_blocks: int | None = None) -> list[int]:
+    """Hash chain of the first `num_blocks` full blocks of `tokens` (all full blocks by default)."""
+    n = len(tokens) // block_size if num_blocks is None else num_blocks
+    out, h = [], 0
+    for i in range(n):
+        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        out.append(h)
+    return out
+
+
 class BlockAllocator:
-    """Hands out block ids; `blocks_for(n)` blocks hold positions 0..n-1 of one sequence."""
+    """Block ids with reference counts; cached blocks (ref 0) are evicted least recently used first."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free = list(range(num_blocks - 1, -1, -1))
+        self._ref = [0] * num_blocks
+        self._by_hash: dict[int, int] = {}
+        self._hash_of: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks a request can get now: never-used plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._by_hash)
 
     def blocks_for(self, num_positions: int) -> int:
         return -(-num_positions // self.block_size)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
+        if n > self.num_blocks:
+            raise PoolExhausted(f"one request needs {n} blocks but the KV pool has {self.num_blocks}; "
+                                "compile with a larger num_blocks / max_seq_len, or shorten the request")
+        if n > self.num_free:
             raise PoolExhausted(
-                f"KV pool exhausted: {n} blocks wanted, {len(self._free)} of {self.num_blocks} free; "
+                f"KV pool exhausted: {n} blocks wanted, {self.num_free} of {self.num_blocks} free; "
                 "raise max_seq_len or max_batch_size at compile time, or send fewer/shorter prompts"
             )
-        return [self._free.pop() for _ in range(n)]
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.pop()
+            else:  # evict the least recently used cached block
+                b, _ = self._evictable.popitem(last=False)
+                del self._by_hash[self._hash_of.pop(b)]
+            self._ref[b] = 1
+            out.append(b)
+        return out
+
+    def match(self, hashes: list[int]) -> list[int]:
+        """Take a reference on the longest cached prefix of `hashes`; return its block ids."""
+        out = []
+        for h in hashes:
+            b = self._by_hash.get(h)
+            if b is None:
+                break
+            if self._ref[b] == 0:
+                self._evictable.pop(b)
+            self._ref[b] += 1
+            out.append(b)
+        return out
+
+    def register(self, block: int, h: int) -> None:
+        """Make a full block findable by its hash (a no-op if that hash is cached already)."""
+        if h not in self._by_hash and block not in self._hash_of:
+            self._by_hash[h] = block
+            self._hash_of[block] = h
 
     def release(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        for b in blocks:
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                if b in self._hash_of:
+                    self._evictable[b] = None
+                    self._evictable.move_to_end(b)
+                else:
+                    self._free.append(b)
 
 
 def block_table_tensor(rows: list[list[int]], device) -> torch.Tensor:

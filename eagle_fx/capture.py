@@ -7,7 +7,9 @@ ragged batch, a prefill and a k+1-token verify are the same graph at different t
                     -> (logits[N,V], features[T,F])
     draft_prefill:  (input_ids, positions, features[T,F], logits_indices, next_tokens[B],
                      query_start_loc, <cache inputs>) -> (logits[N,Vd], hidden[N,H])
-                    shifted: the draft sees t_1..t_n (the shift is in the graph, matchable)
+                    captured shifted (the draft sees t_1..t_n; the shift is in the graph);
+                    prefill_shift=False runs drop_prefill_shift on it: tokens unshifted,
+                    features shifted right with a new `carry_features[B,F]` input
     draft_extend:   same without the shift (tokens already aligned with features)
     draft_step:     as draft_extend, but the feature is the draft's own output (no EAGLE-3 fc)
 
@@ -23,7 +25,7 @@ from torch import nn
 from torch.fx import GraphModule
 from torch.fx.graph import CodeGen
 
-from eagle_fx.passes import CAPTURE_PASSES, PassContext, canonicalize_attention
+from eagle_fx.passes import CAPTURE_PASSES, PASSES, PassContext
 
 log = logging.getLogger("eagle_fx")
 
@@ -99,9 +101,11 @@ def export_graph(module: nn.Module, args: tuple, dynamic_shapes) -> GraphModule:
     return strip_export_checks(ep.module())
 
 
-def run_capture_passes(gm: GraphModule, ctx: PassContext, name: str, expected_layers: int, pass_log: list[str]) -> GraphModule:
-    for pass_name, fn in CAPTURE_PASSES.items():
-        if fn is canonicalize_attention.run:
+def run_passes(gm: GraphModule, ctx: PassContext, name: str, pass_names, pass_log: list[str],
+               expected_layers: int | None = None) -> GraphModule:
+    for pass_name in pass_names:
+        fn = PASSES[pass_name]
+        if pass_name == "canonicalize_attention":
             res = fn(gm, ctx, expected_layers=expected_layers)
         else:
             res = fn(gm, ctx)
@@ -120,7 +124,7 @@ def _example_inputs(device, t=10, b=2, n=3):
     return ids, pos, li, qsl
 
 
-def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = True) -> StepGraphs:
+def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False) -> StepGraphs:
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -131,7 +135,8 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = True) -> St
 
     base_step = BaseStep(base, draft.aux_layer_ids).eval()
     gm_base = export_graph(base_step, (ids, pos, li), ({1: T}, {1: T}, {0: N}))
-    gm_base = run_capture_passes(gm_base, PassContext(root=base_step), "base", num_layers, pass_log)
+    extra = ("batch_invariant",) if batch_invariant else ()
+    gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra, pass_log, num_layers)
 
     dtype = next(draft.parameters()).dtype
     feats = torch.zeros(ids.shape[1], draft.feature_dim, device=dev, dtype=dtype)
@@ -140,12 +145,13 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = True) -> St
     lm_head = base.get_output_embeddings()
     graphs = {}
     for name, shift, project, f in (
-        ("draft_prefill", prefill_shift, True, feats),
+        ("draft_prefill", True, True, feats),
         ("draft_extend", False, True, feats),
         ("draft_step", False, False, hidden),
     ):
         step = DraftStep(draft, lm_head, shift, project).eval()
         dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1})
         gm = export_graph(step, (ids, pos, f, li, nxt, qsl), dyn)
-        graphs[name] = run_capture_passes(gm, PassContext(root=step), name, 1, pass_log)
+        passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
+        graphs[name] = run_passes(gm, PassContext(root=step), name, passes, pass_log, 1)
     return StepGraphs(gm_base, graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log)

@@ -3,29 +3,41 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 BACKENDS = ("eager", "inductor")
 
 
 @dataclass(frozen=True)
 class Options:
     num_spec_tokens: int = 3
-    prefill_shift: bool = True
+    prefill_shift: bool = False
     backend: str = "eager"
     max_batch_size: int = 8
     max_seq_len: int = 2048
     block_size: int = 16
+    prefill_chunk_size: int | None = None
+    prefix_caching: bool = False
+    bootstrap: torch.Tensor | None = None  # unshifted: the feature before t_0 (zeros by default)
+    num_blocks: int | None = None  # KV pool size in blocks (default: max_batch_size full-length sequences)
+    batch_invariant: bool = False  # bit-identical numerics across chunkings/batchings (slower)
 
     def __post_init__(self):
         for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not isinstance(self.prefill_shift, bool):
-            raise TypeError(f"prefill_shift must be a bool, got {self.prefill_shift!r}")
-        if not self.prefill_shift:
-            raise ValueError(
-                "prefill_shift=False (the unshifted draft prefill) is not available yet: it comes with the "
-                "drop_prefill_shift pass; use prefill_shift=True"
-            )
+        for name in ("prefill_chunk_size", "num_blocks"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be None or a positive int, got {v!r}")
+        for name in ("prefill_shift", "prefix_caching", "batch_invariant"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.bootstrap is not None:
+            if not isinstance(self.bootstrap, torch.Tensor) or self.bootstrap.dim() != 1:
+                raise TypeError("bootstrap must be a 1-D tensor (one feature vector) or None")
+            if self.prefill_shift:
+                raise ValueError("bootstrap is the unshifted scheme's first feature; it has no use with prefill_shift=True")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle_fx.cache import BlockAllocator, block_table_tensor, new_kv_pool, slot_mapping
+from eagle_fx.cache import BlockAllocator, block_hashes, block_table_tensor, new_kv_pool, slot_mapping
 from eagle_fx.capture import StepGraphs
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept
@@ -41,6 +41,11 @@ class SpecDecodeStats:
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
+    # prefix caching: prompt tokens served from cached blocks vs computed, per model
+    prefix_hit_tokens_base: int = 0
+    prefix_hit_tokens_draft: int = 0
+    prefill_tokens_computed_base: int = 0
+    prefill_tokens_computed_draft: int = 0
 
     def __post_init__(self):
         if not self.accepted_per_pos:
@@ -72,6 +77,9 @@ class SpecDecodeStats:
         self.time_prefill_s += other.time_prefill_s
         self.time_draft_s += other.time_draft_s
         self.time_verify_s += other.time_verify_s
+        for name in ("prefix_hit_tokens_base", "prefix_hit_tokens_draft", "prefill_tokens_computed_base",
+                     "prefill_tokens_computed_draft"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def profile(self) -> dict:
         """Seconds in prefill, draft, verify, and everything else (host work: metadata, acceptance)."""
@@ -89,6 +97,10 @@ class SpecDecodeStats:
             "acceptance_at": self.acceptance_at,
             "wall_time_s": self.wall_time_s,
             "profile_s": self.profile(),
+            "prefix_hit_tokens_base": self.prefix_hit_tokens_base,
+            "prefix_hit_tokens_draft": self.prefix_hit_tokens_draft,
+            "prefill_tokens_computed_base": self.prefill_tokens_computed_base,
+            "prefill_tokens_computed_draft": self.prefill_tokens_computed_draft,
         }
 
 
@@ -112,10 +124,9 @@ class SpeculativeModel:
         self._init_args = (graphs, callables, base, draft)
         self.graphs = graphs
         self.options = options
-        self._base_fn = callables["base"]
-        self._draft_prefill = callables["draft_prefill"]
-        self._draft_extend = callables["draft_extend"]
-        self._draft_step = callables["draft_step"]
+        self._fns = callables
+        self._inputs = {name: [n.target for n in getattr(graphs, name).graph.nodes if n.op == "placeholder"]
+                        for name in callables}
         bc = base.config.get_text_config()
         p = next(base.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -125,17 +136,24 @@ class SpeculativeModel:
         o = options
         k = o.num_spec_tokens
         self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
-        num_blocks = o.max_batch_size * self.blocks_per_seq
+        num_blocks = o.num_blocks or o.max_batch_size * self.blocks_per_seq
         self.allocator = BlockAllocator(num_blocks, o.block_size)
         head_dim = getattr(bc, "head_dim", None) or bc.hidden_size // bc.num_attention_heads
         kvh = getattr(bc, "num_key_value_heads", None) or bc.num_attention_heads
         self.base_pool = new_kv_pool(bc.num_hidden_layers, num_blocks, o.block_size, kvh, head_dim, self.dtype, self.device)
         dc = draft.config
         self.draft_pool = new_kv_pool(1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
+        feature_dim = draft.feature_dim
+        b = o.bootstrap if o.bootstrap is not None else torch.zeros(feature_dim)
+        if tuple(b.shape) != (feature_dim,):
+            raise ValueError(f"bootstrap must be a [{feature_dim}] feature vector (the draft's input feature size), got {tuple(b.shape)}")
+        self.bootstrap = b.to(device=self.device, dtype=self.dtype)[None]
+        self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
 
-    RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size")
+    RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
+                       "prefix_caching", "bootstrap", "num_blocks")
 
     def replace(self, **changes) -> "SpeculativeModel":
         """A model over the same captured graphs with other runtime options (k, batch, lengths; new pools)."""
@@ -206,53 +224,149 @@ class SpeculativeModel:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats) -> list[list[int]]:
-        dev, bs, k = self.device, self.options.block_size, self.num_spec_tokens
-        B = len(prompts)
-        need = [self.allocator.blocks_for(len(p) + max_new + k + 1) for p in prompts]
-        allocated: list[list[int]] = []
+        """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
+        bs, k = self.options.block_size, self.num_spec_tokens
+        caching = self.options.prefix_caching
+        rows: list[list[int]] = []
+        start: list[int] = []
+        valid: list[int | None] = [None] * len(prompts)
         try:
-            for n in need:
-                allocated.append(self.allocator.allocate(n))
-            return self._decode(prompts, max_new, eos, stats, block_table_tensor(allocated, dev))
+            for p in prompts:
+                need = self.allocator.blocks_for(len(p) + max_new + k + 1)
+                hit: list[int] = []
+                if caching:
+                    usable = (len(p) - 1) // bs  # keep at least one prompt token to compute
+                    hit = self.allocator.match(block_hashes(p, bs, usable))
+                    if self.options.prefill_shift and hit:
+                        # shifted, a block's last draft slot depends on the next block's first token: the
+                        # last matched block is recomputed (vLLM drops it the same way)
+                        self.allocator.release([hit.pop()])
+                rows.append(hit)
+                rows[-1] = hit + self.allocator.allocate(need - len(hit))
+                start.append(len(hit) * bs)
+            block_table = block_table_tensor(rows, self.device)
+            carry = self.bootstrap.expand(len(prompts), -1).clone()
+            for i, a in enumerate(start):
+                if a:
+                    carry[i] = self.block_feature[rows[i][a // bs - 1]]
+            hits = sum(start)
+            stats.prefix_hit_tokens_base += hits
+            stats.prefix_hit_tokens_draft += hits
+            computed = sum(len(p) for p in prompts) - hits
+            stats.prefill_tokens_computed_base += computed
+            stats.prefill_tokens_computed_draft += computed
+            outputs = self._decode(prompts, max_new, eos, stats, block_table, start, carry, valid)
+            if caching:
+                for p, out, blocks, n_valid in zip(prompts, outputs, rows, valid):
+                    tokens = p + out
+                    for b, h in zip(blocks, block_hashes(tokens, bs, min(n_valid, len(tokens)) // bs)):
+                        self.allocator.register(b, h)
+            return outputs
         finally:
-            for blocks in allocated:
+            for blocks in rows:
                 self.allocator.release(blocks)
 
-    def _decode(self, prompts, max_new, eos, stats, block_table) -> list[list[int]]:
+    def _call(self, name: str, **inputs):
+        """Run step graph `name` with the inputs it declares (passes may add or drop inputs)."""
+        return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
+
+    def _prefill(self, prompts, block_table, stats, start: list[int], carry: torch.Tensor):
+        """Base + draft prefill of prompts[s][start[s]:], in chunks of `prefill_chunk_size` tokens.
+
+        Returns (pending [B], last_features [B, F], draft logits/hidden of the last call [B, ...]).
+        Unshifted chunk [a, c): draft tokens t_a..t_{c-1}, features (carry = f_{a-1}), f_a..f_{c-2}.
+        Shifted chunk [a, c): draft tokens t_{a+1}..t_c, where t_c is the real next prompt token
+        for an inner chunk and the sampled token only for the last one.
+        """
+        dev, bs = self.device, self.options.block_size
+        long = dict(dtype=torch.long, device=dev)
+        B = len(prompts)
+        lens = [len(p) for p in prompts]
+        chunk = self.options.prefill_chunk_size or max(lens)
+        pos0 = list(start)
+        pending = torch.zeros(B, **long)
+        last_feats = carry.clone()
+        dlogits = dhidden = None
+        clock = time.perf_counter
+        while True:
+            sel = [s for s in range(B) if pos0[s] < lens[s]]
+            if not sel:
+                break
+            spans = [(pos0[s], min(pos0[s] + chunk, lens[s])) for s in sel]
+            n_tok = torch.tensor([c - a for a, c in spans], **long)
+            qsl = torch.zeros(len(sel) + 1, **long)
+            qsl[1:] = n_tok.cumsum(0)
+            ids = torch.tensor([t for s, (a, c) in zip(sel, spans) for t in prompts[s][a:c]], **long)
+            pos = torch.cat([torch.arange(a, c, **long) for a, c in spans])
+            seq = torch.repeat_interleave(torch.arange(len(sel), **long), n_tok)
+            bt = block_table[sel]
+            slots = slot_mapping(bt, seq, pos, bs)
+            last = qsl[1:] - 1
+            t = clock()
+            logits, feats = self._call("base", input_ids=ids[None], positions=pos[None], logits_indices=last,
+                                       kv_pool=self.base_pool, slot_mapping=slots, block_table=bt, query_start_loc=qsl)
+            final = [c == lens[s] for s, (a, c) in zip(sel, spans)]
+            sampled = greedy(logits)
+            look_ahead = torch.tensor([prompts[s][c] if not f else 0 for s, (a, c), f in zip(sel, spans, final)], **long)
+            fin = torch.tensor(final, dtype=torch.bool, device=dev)
+            next_tokens = torch.where(fin, sampled, look_ahead)
+            sel_t = torch.tensor(sel, **long)
+            dl, dh = self._call("draft_prefill", input_ids=ids[None], positions=pos[None], features=feats,
+                                logits_indices=last, next_tokens=next_tokens, carry_features=carry[sel_t],
+                                query_start_loc=qsl, kv_pool=self.draft_pool, slot_mapping=slots, block_table=bt)
+            stats.time_prefill_s += clock() - t
+            if self.options.prefix_caching:
+                self._keep_block_features(bt, seq, pos, feats)
+            carry[sel_t] = feats[last]
+            if dlogits is None:
+                dlogits = dl.new_zeros(B, dl.shape[-1])
+                dhidden = dh.new_zeros(B, dh.shape[-1])
+            fin_rows = sel_t[fin]
+            pending[fin_rows] = sampled[fin]
+            last_feats[fin_rows] = feats[last][fin]
+            dlogits[fin_rows], dhidden[fin_rows] = dl[fin], dh[fin]
+            for s, (a, c) in zip(sel, spans):
+                pos0[s] = c
+        return pending, last_feats, dlogits, dhidden
+
+    def _decode(self, prompts, max_new, eos, stats, block_table, start, carry, valid) -> list[list[int]]:
+        """Prefill then speculate until every sequence stops.
+
+        valid[s] is set, when sequence s stops, to the number of leading positions whose base AND
+        draft KV are final (what the prefix cache may keep).
+        """
         dev, bs, k = self.device, self.options.block_size, self.num_spec_tokens
+        o = 0 if self.options.prefill_shift else 1  # draft position offset: unshifted slot p holds t_p
         B = len(prompts)
         long = dict(dtype=torch.long, device=dev)
-        lens = torch.tensor([len(p) for p in prompts], **long)
-        qsl = torch.zeros(B + 1, **long)
-        qsl[1:] = lens.cumsum(0)
-        ids = torch.tensor([t for p in prompts for t in p], **long)
-        seq_index = torch.repeat_interleave(torch.arange(B, **long), lens)
-        pos = torch.arange(ids.numel(), **long) - qsl[:-1][seq_index]
-        slots = slot_mapping(block_table, seq_index, pos, bs)
-        last = qsl[1:] - 1
-
         clock = time.perf_counter
-        t = clock()
-        logits, feats = self._base_fn(input_ids=ids[None], positions=pos[None], logits_indices=last,
-                                      kv_pool=self.base_pool, slot_mapping=slots, block_table=block_table,
-                                      query_start_loc=qsl)
-        pending = greedy(logits)
+        pending, last_feats, dlogits, dhidden = self._prefill(prompts, block_table, stats, start, carry)
         outputs: list[list[int]] = [[] for _ in range(B)]
         contexts = [list(p) for p in prompts]
-        active = [i for i in range(B) if not self._emit(outputs[i], contexts[i], [int(pending[i])], max_new, eos)]
+        active = []
+        for i in range(B):
+            if self._emit(outputs[i], contexts[i], [int(pending[i])], max_new, eos):
+                valid[i] = len(prompts[i])
+            else:
+                active.append(i)
         if not active:
             return outputs
-        dlogits, dhidden = self._draft_prefill(input_ids=ids[None], positions=pos[None], features=feats,
-                                               logits_indices=last, next_tokens=pending, query_start_loc=qsl,
-                                               kv_pool=self.draft_pool, slot_mapping=slots, block_table=block_table)
-        stats.time_prefill_s += clock() - t
-        m = lens.clone()  # tokens in the base KV per sequence
+        m = torch.tensor([len(p) for p in prompts], **long)  # tokens in the base KV per sequence
         rows = torch.tensor(active, **long)
-        dlogits, dhidden, pending, m = dlogits[rows], dhidden[rows], pending[rows], m[rows]
+        pending, m, bt = pending[rows], m[rows], block_table[rows]
+        A = len(active)
         ar = torch.arange(B + 1, **long)
+        if o:  # unshifted: the sampled token t_n enters the draft at position n with feature f_{n-1}
+            t = clock()
+            dlogits, dhidden = self._call("draft_extend", input_ids=pending[None], positions=m[None],
+                                          features=last_feats[rows], logits_indices=ar[:A], next_tokens=pending,
+                                          query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
+                                          slot_mapping=slot_mapping(bt, ar[:A], m, bs), block_table=bt)
+            stats.time_prefill_s += clock() - t
+        else:
+            dlogits, dhidden = dlogits[rows], dhidden[rows]
         while active:
             A = len(active)
-            bt = block_table[rows]
             one = ar[:A]
             proposals = []
             d = self._propose(contexts, active, 0, self._to_target(greedy(dlogits)))
@@ -260,10 +374,10 @@ class SpeculativeModel:
             h = dhidden
             t = clock()
             for j in range(1, k):
-                p_j = m - 1 + j
-                dl, h = self._draft_step(input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
-                                         next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
-                                         slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt)
+                p_j = m - 1 + j + o
+                dl, h = self._call("draft_step", input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
+                                   next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
+                                   slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt)
                 d = self._propose(contexts, active, j, self._to_target(greedy(dl)))
                 proposals.append(d)
             D = torch.stack(proposals, dim=1)  # [A, k]
@@ -272,48 +386,55 @@ class SpeculativeModel:
             v_ids = torch.cat([pending[:, None], D], dim=1).reshape(-1)
             v_pos = (m[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
             v_seq = torch.repeat_interleave(one, k + 1)
-            v_qsl = ar[:A + 1] * (k + 1)
             t = clock()
-            logits, feats = self._base_fn(input_ids=v_ids[None], positions=v_pos[None],
-                                          logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
-                                          slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
-                                          query_start_loc=v_qsl)
+            logits, feats = self._call("base", input_ids=v_ids[None], positions=v_pos[None],
+                                       logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
+                                       slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
+                                       query_start_loc=ar[:A + 1] * (k + 1))
             stats.time_verify_s += clock() - t
             accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
             acc = accepted.tolist()
             stats.record(acc)
 
+            if self.options.prefix_caching:
+                self._keep_block_features(bt, v_seq, v_pos, feats)
             keep = []
             for r, s in enumerate(active):
                 new = D[r, :acc[r]].tolist() + [int(bonus[r])]
                 if not self._emit(outputs[s], contexts[s], new, max_new, eos):
                     keep.append(r)
+                else:  # base KV is final up to m + a; the draft's up to m - 1 (+1 unshifted)
+                    valid[s] = int(m[r]) + o
             if not keep:
                 break
             kr = torch.tensor(keep, **long)
-            a_k = accepted[kr]
-            n_ext = a_k + 1
+            n_ext = accepted[kr] + 1
             e_seq = torch.repeat_interleave(torch.arange(len(keep), **long), n_ext)
             e_off = torch.arange(int(n_ext.sum()), **long) - torch.repeat_interleave(n_ext.cumsum(0) - n_ext, n_ext)
-            tok_all = torch.cat([D, bonus[:, None]], dim=1)  # [A, k+1]; the bonus is placed at column a
-            tok_all[torch.arange(A, **long), accepted] = bonus
+            tok_all = torch.cat([D, bonus[:, None]], dim=1)  # [A, k+1]; the bonus goes at column a
+            tok_all[one, accepted] = bonus
             e_ids = tok_all[kr][e_seq, e_off]
-            e_pos = m[kr][e_seq] + e_off
+            e_pos = m[kr][e_seq] + e_off + o
             e_feats = feats.view(A, k + 1, -1)[kr][e_seq, e_off]
             e_qsl = torch.zeros(len(keep) + 1, **long)
             e_qsl[1:] = n_ext.cumsum(0)
-            bt_k = bt[kr]
+            bt = bt[kr]
             t = clock()
-            dlogits, dhidden = self._draft_extend(input_ids=e_ids[None], positions=e_pos[None], features=e_feats,
-                                                  logits_indices=e_qsl[1:] - 1, next_tokens=bonus[kr],
-                                                  query_start_loc=e_qsl, kv_pool=self.draft_pool,
-                                                  slot_mapping=slot_mapping(bt_k, e_seq, e_pos, bs), block_table=bt_k)
+            dlogits, dhidden = self._call("draft_extend", input_ids=e_ids[None], positions=e_pos[None], features=e_feats,
+                                          logits_indices=e_qsl[1:] - 1, next_tokens=bonus[kr], query_start_loc=e_qsl,
+                                          kv_pool=self.draft_pool, slot_mapping=slot_mapping(bt, e_seq, e_pos, bs),
+                                          block_table=bt)
             stats.time_draft_s += clock() - t
             m = m[kr] + n_ext
             pending = bonus[kr]
             active = [active[r] for r in keep]
-            rows = rows[kr]
         return outputs
+
+    def _keep_block_features(self, bt, seq, pos, feats) -> None:
+        """Remember the base feature at each block's last position: the carry for a prefix hit."""
+        last = pos % self.options.block_size == self.options.block_size - 1
+        if bool(last.any()):
+            self.block_feature[bt[seq[last], pos[last] // self.options.block_size]] = feats[last]
 
     def _propose(self, contexts, active, j, proposal: torch.Tensor) -> torch.Tensor:
         if self._propose_hook is None:

@@ -1,13 +1,17 @@
 """eagle_fx graph passes: one file per pass, each `run(gm, ctx) -> PassResult`.
 
-`CAPTURE_PASSES` is the one ordered registry of the passes `capture` applies.
+`PASSES` is the one registry (name -> run); `capture` decides which graph each pass runs on.
 """
-from . import canonicalize_attention, insert_kv_cache
+from . import batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache
 from .result import PassContext, PassResult
 
-CAPTURE_PASSES = {
+PASSES = {
     "canonicalize_attention": canonicalize_attention.run,
     "insert_kv_cache": insert_kv_cache.run,
+    "drop_prefill_shift": drop_prefill_shift.run,
+    "batch_invariant": batch_invariant.run,
 }
+CAPTURE_PASSES = ("canonicalize_attention", "insert_kv_cache")
 
-__all__ = ["CAPTURE_PASSES", "PassContext", "PassResult", "canonicalize_attention", "insert_kv_cache"]
+__all__ = ["CAPTURE_PASSES", "PASSES", "PassContext", "PassResult", "batch_invariant", "canonicalize_attention",
+           "drop_prefill_shift", "insert_kv_cache"]

@@ -32,7 +32,8 @@ def test_sampling_not_yet_is_clear():
 @pytest.mark.parametrize("kw,match", [
     (dict(num_spec_tokens=0), "num_spec_tokens must be a positive int"),
     (dict(backend="tpu"), "backend must be one of"),
-    (dict(prefill_shift=False), "prefill_shift=False.*not available yet"),
+    (dict(prefill_chunk_size=0), "prefill_chunk_size must be None or a positive int"),
+    (dict(prefill_shift=True, bootstrap=torch.zeros(64)), "no use with prefill_shift=True"),
     (dict(block_size=-1), "block_size must be a positive int"),
 ])
 def test_bad_options(kw, match):
@@ -42,7 +43,14 @@ def test_bad_options(kw, match):
 
 def test_replace_refuses_capture_options():
     with pytest.raises(ValueError, match="change the captured graphs"):
-        compiled("llama", "eagle").replace(prefill_shift=False)
+        compiled("llama", "eagle").replace(prefill_shift=True)
+
+
+def test_bootstrap_shape_is_checked():
+    with pytest.raises(ValueError, match=r"bootstrap must be a \[64\] feature vector"):
+        compiled("llama", "eagle").replace(bootstrap=torch.zeros(3))
+    with pytest.raises(TypeError, match="bootstrap must be a 1-D tensor"):
+        compiled("llama", "eagle").replace(bootstrap=torch.zeros(2, 64))
 
 
 def test_dtype_and_device_mismatch():

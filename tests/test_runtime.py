@@ -29,6 +29,17 @@ def test_greedy_matches_hf(arch, method, batch, k):
     assert st.total_num_output_tokens == sum(len(s) for s in out.sequences)
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shifted_reference_scheme_matches_hf(arch, method):
+    import eagle_fx
+    from conftest import tiny_draft
+
+    prompts = make_prompts(3)
+    model = eagle_fx.compile(tiny_base(arch), tiny_draft(arch, method), num_spec_tokens=3, prefill_shift=True)
+    assert model.generate(prompts, max_new_tokens=MAX_NEW).sequences == hf_greedy(arch, prompts, MAX_NEW)
+
+
 class CopyReference:
     """Test-only proposal hook: propose the base's own greedy continuation, wrong every `every`th time."""
 

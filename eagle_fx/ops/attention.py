@@ -63,8 +63,13 @@ def cached_attention(
     positions: Tensor,
     scale: float,
     sliding_window: int,
+    batch_invariant: bool = False,
 ) -> Tensor:
-    """Write k/v at their slots, then attend each query to its sequence's cached keys."""
+    """Write k/v at their slots, then attend each query to its sequence's cached keys.
+
+    batch_invariant=True attends one query row at a time, so a row's result does not depend on how
+    many rows share the call (chunked prefill then gives bit-identical KV to unchunked prefill).
+    """
     kvh, d = k.shape[1], k.shape[3]
     block_size = kv_pool.shape[3]
     k_cache = kv_pool[layer, 0].view(-1, kvh, d)
@@ -85,18 +90,35 @@ def cached_attention(
         blocks = block_table[s, :num_blocks].long()
         ks = kv_pool[layer, 0, blocks].reshape(-1, kvh, d)[:num_keys]
         vs = kv_pool[layer, 1, blocks].reshape(-1, kvh, d)[:num_keys]
+        kt, vt = ks.transpose(0, 1)[None].to(q.dtype), vs.transpose(0, 1)[None].to(q.dtype)
+        gqa = kvh != q.shape[1]
+        if batch_invariant:
+            for i, p in enumerate(q_pos.tolist(), start=a):
+                lo = max(0, p + 1 - sliding_window) if sliding_window > 0 else 0
+                out[:, :, i:i + 1] = torch.nn.functional.scaled_dot_product_attention(
+                    q[:, :, i:i + 1], kt[:, :, lo:p + 1], vt[:, :, lo:p + 1], scale=scale, enable_gqa=gqa)
+            continue
         mask = visible_keys(q_pos, num_keys, sliding_window)
         out[:, :, a:b] = torch.nn.functional.scaled_dot_product_attention(
-            q[:, :, a:b],
-            ks.transpose(0, 1)[None].to(q.dtype),
-            vs.transpose(0, 1)[None].to(q.dtype),
-            attn_mask=mask,
-            scale=scale,
-            enable_gqa=kvh != q.shape[1],
-        )
+            q[:, :, a:b], kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out
 
 
 @cached_attention.register_fake
-def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window):
+def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window,
+      batch_invariant=False):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op("eagle_fx::rowwise_linear", mutates_args=())
+def rowwise_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear one row at a time: each row's result is independent of how many rows there are."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.cat([torch.nn.functional.linear(r, weight, bias) for r in rows.split(1)]) if rows.shape[0] else \
+        rows.new_empty(0, weight.shape[0])
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@rowwise_linear.register_fake
+def _(x, weight, bias=None):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
