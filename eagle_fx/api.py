@@ -31,9 +31,9 @@ def _check_pair(base, draft) -> None:
 
 
 def _backend(gm, backend: str):
-    if backend == "eager":
-        return gm
-    return torch.compile(gm, backend="inductor", dynamic=True)
+    """The step graph as a callable for `backend`; always run without autograd (inference only)."""
+    fn = gm if backend == "eager" else torch.compile(gm, backend="inductor", dynamic=True)
+    return torch.no_grad()(fn)
 
 
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
@@ -58,7 +58,10 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant)
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
-    return SpeculativeModel(graphs, callables, options, base, draft)
+    model = SpeculativeModel(graphs, callables, options, base, draft)
+    if options.backend != "eager":
+        model.warmup()  # compile every shape class now, not inside the first generate
+    return model
 
 
 def export(model, out_dir, target: str = "exported_program"):

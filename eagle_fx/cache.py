@@ -106,8 +106,9 @@ class BlockAllocator:
                     self._free.append(b)
 
 
-def block_table_tensor(rows: list[list[int]], device) -> torch.Tensor:
-    width = max(len(r) for r in rows)
+def block_table_tensor(rows: list[list[int]], device, width: int | None = None) -> torch.Tensor:
+    """Rows padded with block 0 to `width` (a fixed width keeps step-graph shapes stable)."""
+    width = max(max(len(r) for r in rows), width or 0)
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
 
 

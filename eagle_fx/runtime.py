@@ -148,6 +148,7 @@ class SpeculativeModel:
         if tuple(b.shape) != (feature_dim,):
             raise ValueError(f"bootstrap must be a [{feature_dim}] feature vector (the draft's input feature size), got {tuple(b.shape)}")
         self.bootstrap = b.to(device=self.device, dtype=self.dtype)[None]
+        self.draft_hidden_size = dc.hidden_size
         self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
@@ -244,7 +245,7 @@ class SpeculativeModel:
                 rows.append(hit)
                 rows[-1] = hit + self.allocator.allocate(need - len(hit))
                 start.append(len(hit) * bs)
-            block_table = block_table_tensor(rows, self.device)
+            block_table = block_table_tensor(rows, self.device, self.blocks_per_seq)
             carry = self.bootstrap.expand(len(prompts), -1).clone()
             for i, a in enumerate(start):
                 if a:
@@ -429,6 +430,30 @@ class SpeculativeModel:
             pending = bonus[kr]
             active = [active[r] for r in keep]
         return outputs
+
+    def warmup(self) -> None:
+        """Call every step graph once per shape class it will see (1 vs many tokens, sequences,
+        logits rows), so a compiling backend does its work here and not inside a timed generate."""
+        dev = self.device
+        long = dict(dtype=torch.long, device=dev)
+        bs = self.options.block_size
+        feat = {"base": 0, "draft_prefill": self.bootstrap.shape[-1], "draft_extend": self.bootstrap.shape[-1],
+                "draft_step": self.draft_hidden_size}
+        for lens in ([1], [3], [1, 1], [2, 3]):
+            B, T = len(lens), sum(lens)
+            qsl = torch.tensor([0] + lens, **long).cumsum(0)
+            pos = torch.cat([torch.arange(n, **long) for n in lens])
+            seq = torch.repeat_interleave(torch.arange(B, **long), torch.tensor(lens, **long))
+            bt = torch.arange(B * self.blocks_per_seq, **long).view(B, -1) % self.allocator.num_blocks
+            for name in self._fns:
+                for n_logits in ({B, T} if name == "base" else {B}):
+                    pool = self.base_pool if name == "base" else self.draft_pool
+                    self._call(name, input_ids=torch.zeros(1, T, **long), positions=pos[None],
+                               logits_indices=torch.arange(n_logits, **long) if n_logits == T else qsl[1:] - 1,
+                               features=torch.zeros(T, feat[name], device=dev, dtype=self.dtype),
+                               carry_features=torch.zeros(B, feat[name], device=dev, dtype=self.dtype),
+                               next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool,
+                               slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt)
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:
         """Remember the base feature at each block's last position: the carry for a prefix hit."""

@@ -1,0 +1,130 @@
+"""Canonical eagle_fx ops: schemas, torch reference implementations, fake (shape) implementations.
+
+`eagle_fx::attention` is what `canonicalize_attention` turns every SDPA of a captured model into:
+causal self-attention over one packed row of tokens, grouped-query heads kept un-repeated.
+
+`eagle_fx::cached_attention` is what `insert_kv_cache` turns it into: the token's K/V are written
+into a paged pool through a slot mapping, and each query attends to its own sequence's keys read
+back through a block table. The pool is a graph input that the op mutates (declared in the schema).
+
+`eagle_fx::rowwise_linear` is `F.linear` one row at a time (see passes/batch_invariant.py).
+
+Layouts:
+  q            [1, H, T, D]    (T = all tokens of all sequences of the step, packed)
+  k, v         [1, KVH, T, D]
+  kv_pool      [L, 2, num_blocks, block_size, KVH, D]
+  slot_mapping [T]             int64, block * block_size + offset for each token
+  block_table  [B, max_blocks] int64, the blocks of each sequence in position order
+  query_start_loc [B + 1]      int64, token t belongs to sequence s if qsl[s] <= t < qsl[s+1]
+  positions    [1, T]          int64, position of each token in its sequence
+sliding_window 0 means full attention; otherwise key j is visible to query i when
+0 <= i - j < sliding_window (the Hugging Face convention).
+
+The ops are defined with `torch.library.Library` (schema + CompositeExplicitAutograd kernel +
+`register_fake`): the same contract as `custom_op`, with less Python on every call, which matters
+for the one-token decode steps on the CPU. They work in eager, under torch.compile and torch.export.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_lib = torch.library.Library("eagle_fx", "DEF")  # noqa: TOR901 - the op namespace, defined once
+_lib.define("attention(Tensor q, Tensor k, Tensor v, float scale, int sliding_window) -> Tensor")
+_lib.define(
+    "cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "
+    "Tensor block_table, Tensor query_start_loc, Tensor positions, float scale, int sliding_window, "
+    "bool batch_invariant=False) -> Tensor"
+)
+_lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
+
+
+def visible_keys(q_pos: Tensor, num_keys: int, sliding_window: int) -> Tensor:
+    """Bool mask [Tq, num_keys]: key position j is visible to a query at position p."""
+    dist = q_pos[:, None] - torch.arange(num_keys, device=q_pos.device)[None, :]
+    mask = dist >= 0
+    if sliding_window > 0:
+        mask &= dist < sliding_window
+    return mask
+
+
+def attention_ref(q: Tensor, k: Tensor, v: Tensor, scale: float, sliding_window: int) -> Tensor:
+    """Causal attention over one sequence per batch row (the model's own, uncached semantics)."""
+    t = q.shape[-2]
+    mask = visible_keys(torch.arange(t, device=q.device), t, sliding_window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
+                         block_table: Tensor, query_start_loc: Tensor, positions: Tensor, scale: float,
+                         sliding_window: int, batch_invariant: bool = False) -> Tensor:
+    """Write k/v at their slots, then attend each query to its sequence's cached keys.
+
+    batch_invariant=True attends one query row at a time, so a row's result does not depend on how
+    many rows share the call (chunked prefill then gives bit-identical KV to unchunked prefill).
+    """
+    kvh, d = k.shape[1], k.shape[3]
+    block_size = kv_pool.shape[3]
+    pool = kv_pool[layer]  # [2, blocks, block_size, kvh, d]
+    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(kv_pool.dtype))
+
+    out = torch.empty_like(q)
+    pos = positions.reshape(-1)
+    n_seq = query_start_loc.shape[0] - 1
+    # one host sync for all sequences: query bounds, and each sequence's last query position
+    meta = torch.cat([query_start_loc, pos[query_start_loc[1:] - 1]]).tolist()
+    bounds, ends = meta[:n_seq + 1], meta[n_seq + 1:]
+    gqa = kvh != q.shape[1]
+    for s in range(n_seq):
+        a, b = bounds[s], bounds[s + 1]
+        if a == b:
+            continue
+        num_keys = ends[s] + 1  # a sequence's queries are its last positions
+        nb = -(-num_keys // block_size)
+        kv = pool[:, block_table[s, :nb]].view(2, nb * block_size, kvh, d)[:, :num_keys].transpose(1, 2)
+        if kv.dtype != q.dtype:
+            kv = kv.to(q.dtype)
+        kt, vt = kv[0][None], kv[1][None]
+        if batch_invariant:
+            for i, p in enumerate(pos[a:b].tolist(), start=a):
+                lo = max(0, p + 1 - sliding_window) if sliding_window > 0 else 0
+                out[:, :, i:i + 1] = F.scaled_dot_product_attention(
+                    q[:, :, i:i + 1], kt[:, :, lo:p + 1], vt[:, :, lo:p + 1], scale=scale, enable_gqa=gqa)
+            continue
+        if b - a == 1 and (sliding_window == 0 or num_keys <= sliding_window):
+            mask = None  # one query at the end of its sequence: every cached key is visible
+        else:
+            mask = visible_keys(pos[a:b], num_keys, sliding_window)
+        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out
+
+
+def rowwise_linear_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear one row at a time: each row's result is independent of how many rows there are."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+    out = torch.cat([F.linear(r, weight, bias) for r in rows.split(1)])
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+for _name, _fn in (("attention", attention_ref), ("cached_attention", cached_attention_ref),
+                   ("rowwise_linear", rowwise_linear_ref)):
+    _lib.impl(_name, _fn, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("eagle_fx::attention", lib=_lib)
+def _(q, k, v, scale, sliding_window):
+    return torch.empty_like(q)
+
+
+@torch.library.register_fake("eagle_fx::cached_attention", lib=_lib)
+def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window,
+      batch_invariant=False):
+    return torch.empty_like(q)
+
+
+@torch.library.register_fake("eagle_fx::rowwise_linear", lib=_lib)
+def _(x, weight, bias=None):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
