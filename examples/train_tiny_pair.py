@@ -110,6 +110,7 @@ def main(argv=None):
     ap.add_argument("--assistant-steps", type=int, default=1200)
     ap.add_argument("--assistant-minutes", type=float, default=3.0)
     ap.add_argument("--only", choices=["all", "drafts"], default="all", help="'drafts': reuse OUT/base, retrain drafts")
+    ap.add_argument("--methods", default="eagle,eagle3", help="drafts to train (comma-separated)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     out = Path(args.out)
@@ -149,7 +150,7 @@ def main(argv=None):
         save_lm(asst, tokenizer, out / "assistant")
 
     base = LlamaForCausalLM.from_pretrained(out / "base", dtype=torch.float32).eval()
-    for method in ("eagle", "eagle3"):
+    for method in args.methods.split(","):
         t = time.monotonic()
         draft = train_draft(base, rows, out / method, method=method, steps=args.draft_steps, minutes=args.draft_minutes,
                             batch_size=8, lr=3e-3, checkpoint_every=200)
@@ -159,9 +160,13 @@ def main(argv=None):
         save_draft(draft, out / method, dtype=torch.float16)
         load_draft(out / method, base)  # the bundled files load
         report[method] = {"params": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
-                          "train_s": round(time.monotonic() - t, 1)}
+                          "train_s": round(time.monotonic() - t, 1), "budget": {"steps": args.draft_steps,
+                                                                                 "minutes": args.draft_minutes}}
     report["total_s"] = round(time.monotonic() - t_all, 1)
     prev = json.loads((out / "TRAINING.json").read_text()) if (out / "TRAINING.json").exists() else {}
+    report["commands"] = prev.get("commands", []) + [report.pop("command")]
+    report["total_s"] = {**(prev.get("total_s") if isinstance(prev.get("total_s"), dict) else {}),
+                         report["commands"][-1]: report["total_s"]}
     prev.update(report)
     (out / "TRAINING.json").write_text(json.dumps(prev, indent=2))
     print(json.dumps(prev, indent=2))

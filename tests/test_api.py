@@ -64,3 +64,8 @@ def test_dtype_and_device_mismatch():
         eagle_fx.compile(base, draft.to("meta"))
     with pytest.raises(TypeError, match="eagle_fx.load_draft"):
         eagle_fx.compile(base, torch.nn.Linear(2, 2))
+
+
+def test_unmatched_attention_is_a_clear_error_at_compile():
+    with pytest.raises(ValueError, match="did not match eagle_fx::attention"):
+        eagle_fx.compile(tiny_base("llama", "eager"), tiny_draft("llama", "eagle"))
