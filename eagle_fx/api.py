@@ -26,8 +26,15 @@ def _check_pair(base, draft) -> None:
     if bp.dtype != dp.dtype:
         raise ValueError(f"base is {bp.dtype} but the draft is {dp.dtype}; cast both to one dtype (draft.to(base.dtype))")
     bc = base.config.get_text_config()
-    if draft.config.hidden_size != bc.hidden_size and getattr(draft, "target_hidden_size", None) != bc.hidden_size:
-        raise ValueError(f"draft hidden size {draft.config.hidden_size} does not match base hidden size {bc.hidden_size}")
+    target = getattr(draft, "target_hidden_size", draft.config.hidden_size)
+    if target != bc.hidden_size:
+        raise ValueError(f"the draft was built for a base of hidden size {target} (draft hidden size "
+                         f"{draft.config.hidden_size}); this base has hidden size {bc.hidden_size}")
+    gc = getattr(base, "generation_config", None)
+    ignored = [f"{k}={getattr(gc, k)}" for k, neutral in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0))
+               if gc is not None and getattr(gc, k, None) not in (None, neutral)]
+    if ignored:
+        log.warning("eagle_fx decodes plain greedy: the base's generation_config %s is not applied", ", ".join(ignored))
 
 
 def _backend(gm, backend: str):

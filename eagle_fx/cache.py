@@ -42,6 +42,7 @@ class BlockAllocator:
         self._ref = [0] * num_blocks
         self._by_hash: dict[int, int] = {}
         self._hash_of: dict[int, int] = {}
+        self._tokens_of: dict[int, tuple] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()
 
     @property
@@ -57,13 +58,11 @@ class BlockAllocator:
         return -(-num_positions // self.block_size)
 
     def allocate(self, n: int) -> list[int]:
-        if n > self.num_blocks:
-            raise PoolExhausted(f"one request needs {n} blocks but the KV pool has {self.num_blocks}; "
-                                "compile with a larger num_blocks / max_seq_len, or shorten the request")
         if n > self.num_free:
             raise PoolExhausted(
                 f"KV pool exhausted: {n} blocks wanted, {self.num_free} of {self.num_blocks} free; "
-                "raise max_seq_len or max_batch_size at compile time, or send fewer/shorter prompts"
+                "raise num_blocks (eagle_fx.compile(..., num_blocks=N) or model.replace(num_blocks=N)) "
+                "or lower max_batch_size"
             )
         out = []
         for _ in range(n):
@@ -72,16 +71,18 @@ class BlockAllocator:
             else:  # evict the least recently used cached block
                 b, _ = self._evictable.popitem(last=False)
                 del self._by_hash[self._hash_of.pop(b)]
+                del self._tokens_of[b]
             self._ref[b] = 1
             out.append(b)
         return out
 
-    def match(self, hashes: list[int]) -> list[int]:
-        """Take a reference on the longest cached prefix of `hashes`; return its block ids."""
+    def match(self, tokens: list[int], num_blocks: int) -> list[int]:
+        """Take a reference on the longest cached prefix of the first `num_blocks` full blocks of
+        `tokens` (found by hash, confirmed token by token); return its block ids."""
         out = []
-        for h in hashes:
+        for i, h in enumerate(block_hashes(tokens, self.block_size, num_blocks)):
             b = self._by_hash.get(h)
-            if b is None:
+            if b is None or self._tokens_of[b] != tuple(tokens[i * self.block_size:(i + 1) * self.block_size]):
                 break
             if self._ref[b] == 0:
                 self._evictable.pop(b)
@@ -89,14 +90,19 @@ class BlockAllocator:
             out.append(b)
         return out
 
-    def register(self, block: int, h: int) -> None:
-        """Make a full block findable by its hash (a no-op if that hash is cached already)."""
+    def register(self, block: int, h: int, tokens: tuple) -> bool:
+        """Make a full block findable by its hash; True when `h` now maps to `block`
+        (False when another block already holds that hash)."""
         if h not in self._by_hash and block not in self._hash_of:
             self._by_hash[h] = block
             self._hash_of[block] = h
+            self._tokens_of[block] = tuple(tokens)
+        return self._by_hash.get(h) == block
 
     def release(self, blocks: list[int]) -> None:
         for b in blocks:
+            if self._ref[b] <= 0:
+                raise RuntimeError(f"block {b} released more often than it was taken (eagle_fx bug)")
             self._ref[b] -= 1
             if self._ref[b] == 0:
                 if b in self._hash_of:

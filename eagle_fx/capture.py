@@ -116,7 +116,7 @@ def run_passes(gm: GraphModule, ctx: PassContext, name: str, pass_names, pass_lo
     return gm
 
 
-def _example_inputs(device, t=10, b=2, n=3):
+def _example_inputs(device, t=10, n=3):
     ids = torch.arange(t, device=device)[None] % 7
     pos = torch.arange(t, device=device)[None]
     li = torch.arange(n, device=device)

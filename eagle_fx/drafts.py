@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from pathlib import Path
 
 import torch
@@ -191,9 +190,7 @@ def new_draft(base, method: str = "eagle", seed: int | None = None, draft_vocab_
     elif method == "eagle3":
         c = base.config.get_text_config()
         aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(c.num_hidden_layers)
-        draft = Eagle3Draft(config, c.hidden_size, aux, draft_vocab_size or c.vocab_size)
-        if draft.draft_vocab_size < c.vocab_size:  # a reduced vocab maps onto the first target ids
-            draft.d2t.zero_()
+        draft = Eagle3Draft(config, c.hidden_size, aux, draft_vocab_size or c.vocab_size)  # d2t = 0: first ids
     else:
         raise ValueError(f"method must be 'eagle' or 'eagle3', got {method!r}")
     _init_like_llama(draft, config.initializer_range)
@@ -230,9 +227,7 @@ def _read_weights(path: Path) -> tuple[dict, Path]:
 
                     return load_file(str(f)), f
                 return torch.load(f, map_location="cpu", weights_only=True), f
-            except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
-                raise DraftLoadError(f"{f}: cannot read the draft weights ({type(e).__name__}: {e}); the file is corrupt or truncated, download or export it again") from e
-            except Exception as e:  # safetensors raises its own error type
+            except Exception as e:  # torch, pickle and safetensors each raise their own error types
                 raise DraftLoadError(f"{f}: cannot read the draft weights ({type(e).__name__}: {e}); the file is corrupt or truncated, download or export it again") from e
     found = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     raise DraftLoadError(f"{path}: no draft weights found; expected one of {list(WEIGHT_FILES)}, found {found}")
@@ -302,8 +297,9 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         if th != H:
             raise DraftLoadError(f"{cfg_file}: target_hidden_size {th} != base hidden_size {H}; this draft was trained for another base")
         aux = tuple(aux) if aux else default_aux_layer_ids(bc.num_hidden_layers)
-        if max(aux) > bc.num_hidden_layers:
-            raise DraftLoadError(f"{cfg_file}: feature layers {aux} out of range for a {bc.num_hidden_layers}-layer base")
+        if min(aux) < 0 or max(aux) > bc.num_hidden_layers:
+            raise DraftLoadError(f"{cfg_file}: feature layers {aux} out of range [0, {bc.num_hidden_layers}] for a "
+                                 f"{bc.num_hidden_layers}-layer base")
         dv = int(config.get("draft_vocab_size") or dc.vocab_size)
         draft = Eagle3Draft(dc, th, aux, dv, nbr)
         state.pop("t2d", None)  # training only
@@ -331,8 +327,8 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
     if take_base_embed:
         draft.embed_tokens.weight.data.copy_(base.get_input_embeddings().weight.data)
     if layout != "eagle":
-        d2t = draft.d2t
-        if int((torch.arange(len(d2t)) + d2t).max()) >= V or int((torch.arange(len(d2t)) + d2t).min()) < 0:
+        target_ids = torch.arange(len(draft.d2t)) + draft.d2t
+        if int(target_ids.max()) >= V or int(target_ids.min()) < 0:
             raise DraftLoadError(f"{weights_file}: d2t maps draft ids outside the base vocab (0..{V - 1})")
     p = next(base.parameters())
     return draft.to(device=p.device, dtype=dtype or p.dtype).eval()

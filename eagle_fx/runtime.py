@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle_fx.cache import BlockAllocator, block_hashes, block_table_tensor, new_kv_pool, slot_mapping
+from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_table_tensor, new_kv_pool, slot_mapping
 from eagle_fx.capture import StepGraphs
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept
@@ -110,6 +110,17 @@ class GenerateOutput:
     stats: SpecDecodeStats
 
 
+class _ConfigEos:
+    """Default of generate(eos_token_id=...): the base's generation_config eos, as HF generate does
+    when eos_token_id is not passed (an explicit None means: never stop at an eos token)."""
+
+    def __repr__(self) -> str:
+        return "<generation_config.eos_token_id>"
+
+
+CONFIG_EOS = _ConfigEos()
+
+
 def _ids_list(x) -> list:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
@@ -131,8 +142,9 @@ class SpeculativeModel:
         p = next(base.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.vocab_size = bc.vocab_size
-        self.d2t = getattr(draft, "d2t", None)
-        self.draft_method = draft.method
+        self._to_target = draft.to_target  # EAGLE-3: draft vocab id -> target id (d2t); EAGLE-1: identity
+        eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
+        self.default_eos = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
         o = options
         k = o.num_spec_tokens
         self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
@@ -158,6 +170,9 @@ class SpeculativeModel:
 
     def replace(self, **changes) -> "SpeculativeModel":
         """A model over the same captured graphs with other runtime options (k, batch, lengths; new pools)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(Options)})
+        if unknown:
+            raise ValueError(f"replace(): unknown option(s) {unknown}; it takes {self.RUNTIME_OPTIONS}")
         bad = sorted(set(changes) - set(self.RUNTIME_OPTIONS))
         if bad:
             raise ValueError(f"replace() takes {self.RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
@@ -197,8 +212,10 @@ class SpeculativeModel:
                     f"{self.options.max_seq_len}; shorten the prompt, lower max_new_tokens, or compile with a larger max_seq_len"
                 )
         if temperature != 0.0:
-            raise ValueError("only greedy decoding (temperature=0.0) is implemented; sampling comes with lossless rejection sampling")
-        if eos_token_id is None:
+            raise ValueError("temperature > 0 (sampling) is not implemented yet; use temperature=0.0 (greedy)")
+        if eos_token_id is CONFIG_EOS:  # like HF generate without eos_token_id: the model's own
+            eos = set(self.default_eos)
+        elif eos_token_id is None:
             eos = set()
         elif isinstance(eos_token_id, int):
             eos = {eos_token_id}
@@ -209,7 +226,12 @@ class SpeculativeModel:
     # ------------------------------------------------------------------ generate
 
     @torch.no_grad()
-    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=None, temperature: float = 0.0) -> GenerateOutput:
+    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0) -> GenerateOutput:
+        """Greedy speculative decoding of a ragged batch of token-id lists.
+
+        eos_token_id: an id or a list of ids; not given: the base's generation_config eos (as HF
+        generate); None: never stop early. Returns .sequences (new tokens per prompt, eos included
+        when hit) and .stats."""
         prompts, eos = self._check(prompts, max_new_tokens, eos_token_id, temperature)
         stats = SpecDecodeStats(self.num_spec_tokens)
         t0 = time.perf_counter()
@@ -221,9 +243,6 @@ class SpeculativeModel:
         stats.wall_time_s = time.perf_counter() - t0
         return GenerateOutput(sequences, stats)
 
-    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
-
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats) -> list[list[int]]:
         """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
         bs, k = self.options.block_size, self.num_spec_tokens
@@ -234,10 +253,15 @@ class SpeculativeModel:
         try:
             for p in prompts:
                 need = self.allocator.blocks_for(len(p) + max_new + k + 1)
+                if need > self.allocator.num_blocks:
+                    raise PoolExhausted(
+                        f"one request needs {need} blocks but the KV pool has {self.allocator.num_blocks}; "
+                        "raise num_blocks (eagle_fx.compile(..., num_blocks=N) or model.replace(num_blocks=N)), "
+                        "or shorten the prompt / max_new_tokens")
                 hit: list[int] = []
                 if caching:
                     usable = (len(p) - 1) // bs  # keep at least one prompt token to compute
-                    hit = self.allocator.match(block_hashes(p, bs, usable))
+                    hit = self.allocator.match(p, usable)
                     if self.options.prefill_shift and hit:
                         # shifted, a block's last draft slot depends on the next block's first token: the
                         # last matched block is recomputed (vLLM drops it the same way)
@@ -260,8 +284,11 @@ class SpeculativeModel:
             if caching:
                 for p, out, blocks, n_valid in zip(prompts, outputs, rows, valid):
                     tokens = p + out
-                    for b, h in zip(blocks, block_hashes(tokens, bs, min(n_valid, len(tokens)) // bs)):
-                        self.allocator.register(b, h)
+                    for i, (b, h) in enumerate(zip(blocks, block_hashes(tokens, bs, min(n_valid, len(tokens)) // bs))):
+                        if not self.allocator.register(b, h, tokens[i * bs:(i + 1) * bs]) and self.options.prefill_shift:
+                            # shifted, the cached block for this hash ends with a draft slot computed from
+                            # another request's next token: later blocks of this chain must not follow it
+                            break
             return outputs
         finally:
             for blocks in rows:
@@ -308,9 +335,11 @@ class SpeculativeModel:
                                        kv_pool=self.base_pool, slot_mapping=slots, block_table=bt, query_start_loc=qsl)
             final = [c == lens[s] for s, (a, c) in zip(sel, spans)]
             sampled = greedy(logits)
-            look_ahead = torch.tensor([prompts[s][c] if not f else 0 for s, (a, c), f in zip(sel, spans, final)], **long)
             fin = torch.tensor(final, dtype=torch.bool, device=dev)
-            next_tokens = torch.where(fin, sampled, look_ahead)
+            next_tokens = None
+            if "next_tokens" in self._inputs["draft_prefill"]:  # shifted: the look-ahead token
+                look_ahead = torch.tensor([prompts[s][c] if not f else 0 for s, (a, c), f in zip(sel, spans, final)], **long)
+                next_tokens = torch.where(fin, sampled, look_ahead)
             sel_t = torch.tensor(sel, **long)
             dl, dh = self._call("draft_prefill", input_ids=ids[None], positions=pos[None], features=feats,
                                 logits_indices=last, next_tokens=next_tokens, carry_features=carry[sel_t],
@@ -433,7 +462,11 @@ class SpeculativeModel:
 
     def warmup(self) -> None:
         """Call every step graph once per shape class it will see (1 vs many tokens, sequences,
-        logits rows), so a compiling backend does its work here and not inside a timed generate."""
+        logits rows), so a compiling backend does its work here and not inside a timed generate.
+        Runs on scratch pools: this model's KV and prefix cache are untouched."""
+        self.replace()._run_warmup()
+
+    def _run_warmup(self) -> None:
         dev = self.device
         long = dict(dtype=torch.long, device=dev)
         bs = self.options.block_size

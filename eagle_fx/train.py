@@ -118,6 +118,8 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
     start = 0
     if resume and state_file.exists():
         draft = load_draft(out_dir, base, dtype=torch.float32)
+        if draft.method != method:
+            raise ValueError(f"--resume: {out_dir} holds an {draft.method} draft, not {method}")
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         start = state["step"]
     elif draft is None:
@@ -152,7 +154,7 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", **{k: f"{v:.2f}" for k, v in m.items() if k.startswith("acc")})
-        if step % checkpoint_every == 0 or step == steps:
+        if step % checkpoint_every == 0 and step < steps:
             _checkpoint(draft, opt, step, out_dir)
     bar.close()
     _checkpoint(draft, opt, step, out_dir)

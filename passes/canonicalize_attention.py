@@ -171,7 +171,9 @@ def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | 
             node.replace_all_uses_with(new)
         graph.erase_node(node)
         matches += 1
-    leftovers = [n for n in graph.nodes if n.op == "call_function" and n.target in _SOFTMAX]
+    # a softmax left inside an attention module is attention computed another way (eager attention)
+    leftovers = [n for n in graph.nodes if n.op == "call_function" and n.target in _SOFTMAX
+                 and any(w in (_module_path(n) or "").lower() for w in ("attn", "attention"))]
     if leftovers:
         n = leftovers[0]
         raise ValueError(

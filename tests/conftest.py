@@ -62,14 +62,16 @@ def make_prompts(n: int, seed: int = 0, lengths=(5, 12, 1, 9)):
 @functools.lru_cache(maxsize=None)
 def _hf_greedy(arch: str, prompt: tuple, max_new_tokens: int, eos):
     base = tiny_base(arch)
+    kw = {} if eos is None else {"eos_token_id": eos}  # not given: the model's generation_config eos
     with torch.no_grad():
         out = base.generate(torch.tensor([list(prompt)]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+                            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, **kw)
     return out[0, len(prompt):].tolist()
 
 
 def hf_greedy(arch, prompts, max_new_tokens, eos=None):
-    """The oracle: Hugging Face greedy generate, one prompt at a time (no padding effects)."""
+    """The oracle: Hugging Face greedy generate, one prompt at a time (no padding effects);
+    eos=None leaves eos_token_id out, as eagle_fx's generate does by default."""
     return [_hf_greedy(arch, tuple(p), max_new_tokens, eos) for p in prompts]
 
 

@@ -25,7 +25,7 @@ def test_bad_generate_input(prompts, max_new, exc, match):
 
 
 def test_sampling_not_yet_is_clear():
-    with pytest.raises(ValueError, match="only greedy decoding"):
+    with pytest.raises(ValueError, match=r"temperature > 0 \(sampling\) is not implemented yet"):
         compiled("llama", "eagle").generate([[1, 2]], max_new_tokens=2, temperature=0.7)
 
 
@@ -44,6 +44,13 @@ def test_bad_options(kw, match):
 def test_replace_refuses_capture_options():
     with pytest.raises(ValueError, match="change the captured graphs"):
         compiled("llama", "eagle").replace(prefill_shift=True)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['max_seqlen'\]"):
+        compiled("llama", "eagle").replace(max_seqlen=8)
+
+
+def test_default_eos_is_the_generation_config_eos():
+    model = compiled("llama", "eagle")
+    assert model.default_eos == {tiny_base("llama").generation_config.eos_token_id}
 
 
 def test_bootstrap_shape_is_checked():
@@ -69,3 +76,15 @@ def test_dtype_and_device_mismatch():
 def test_unmatched_attention_is_a_clear_error_at_compile():
     with pytest.raises(ValueError, match="did not match eagle_fx::attention"):
         eagle_fx.compile(tiny_base("llama", "eager"), tiny_draft("llama", "eagle"))
+
+
+def test_eos_default_and_explicit_none_follow_hf():
+    prompt = make_prompts(6, seed=9, lengths=(20, 27, 20, 13))[3]  # its greedy continuation emits eos (2) early
+    model = compiled("llama", "eagle")
+    base = tiny_base("llama")
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        hf_none = base.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    stopped = model.generate([prompt], max_new_tokens=12).sequences[0]
+    assert stopped == hf_greedy("llama", [prompt], 12)[0] and stopped[-1] == 2 and len(stopped) < 12
+    assert model.generate([prompt], max_new_tokens=12, eos_token_id=None).sequences[0] == hf_none and len(hf_none) == 12

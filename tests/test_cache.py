@@ -10,20 +10,29 @@ from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes
 def test_allocator_refcounts_and_lru_eviction():
     a = BlockAllocator(4, block_size=2)
     x = a.allocate(2)
-    for b, h in zip(x, block_hashes([1, 2, 3, 4], 2)):
-        a.register(b, h)
+    for i, (b, h) in enumerate(zip(x, block_hashes([1, 2, 3, 4], 2))):
+        assert a.register(b, h, [1, 2, 3, 4][2 * i:2 * i + 2])
     a.release(x)
     assert a.num_free == 4 and a.num_cached == 2
-    assert a.match(block_hashes([1, 2, 3, 4, 5, 6], 2)) == x  # the chain [1,2],[3,4] is found
-    assert a.match(block_hashes([9, 9], 2)) == []
+    assert a.match([1, 2, 3, 4, 5, 6], 3) == x  # the chain [1,2],[3,4] is found
+    assert a.match([9, 9], 1) == []
     a.release(x)
+    assert not a.register(3, block_hashes([1, 2], 2)[0], (1, 2))  # that hash is held by another block
     y = a.allocate(3)  # 2 never-used blocks, then the least recently released cached one
     assert x[0] in y and x[1] not in y and a.num_cached == 1
-    with pytest.raises(PoolExhausted, match="KV pool exhausted: 2 blocks wanted, 1 of 4 free"):
+    with pytest.raises(PoolExhausted, match="KV pool exhausted: 2 blocks wanted, 1 of 4 free; raise num_blocks"):
         a.allocate(2)
-    with pytest.raises(PoolExhausted, match="one request needs 5 blocks but the KV pool has 4"):
-        a.allocate(5)
+    with pytest.raises(RuntimeError, match="released more often than it was taken"):
+        a.release([x[1]])
     assert block_hashes([1, 2, 3], 2) == block_hashes([1, 2, 7], 2) != block_hashes([1, 3, 3], 2)
+
+
+def test_a_hash_hit_is_confirmed_token_by_token():
+    a = BlockAllocator(2, block_size=2)
+    b = a.allocate(1)
+    a.register(b[0], block_hashes([5, 6], 2)[0], (7, 8))  # pretend a hash collision
+    a.release(b)
+    assert a.match([5, 6, 1], 1) == []
 
 
 def _model(method="eagle", **kw):
