@@ -37,6 +37,24 @@ def _check_pair(base, draft) -> None:
         log.warning("eagle_fx decodes plain greedy: the base's generation_config %s is not applied", ", ".join(ignored))
 
 
+def _can_alias_kv(base, draft, options: Options) -> bool:
+    """kv_share="pool" applies when the draft's cache slots line up with the base's (unshifted) and
+    its K/V have the base's shape; otherwise the draft keeps a pool of its own (said in a log line)."""
+    if options.kv_share != "pool":
+        return False
+    if options.prefill_shift:
+        log.info("eagle_fx: prefill_shift=True: the draft keeps a KV pool of its own (its slots are shifted)")
+        return False
+    bc, dc = base.config.get_text_config(), draft.config
+    base_kv = (getattr(bc, "num_key_value_heads", None) or bc.num_attention_heads,
+               getattr(bc, "head_dim", None) or bc.hidden_size // bc.num_attention_heads)
+    if (dc.num_key_value_heads, dc.head_dim) != base_kv:
+        log.info("eagle_fx: draft kv heads/head dim %s differ from the base's %s: the draft keeps a KV pool of its own",
+                 (dc.num_key_value_heads, dc.head_dim), base_kv)
+        return False
+    return True
+
+
 def _backend(gm, backend: str):
     """The step graph as a callable for `backend`; always run without autograd (inference only)."""
     fn = gm if backend == "eager" else torch.compile(gm, backend="inductor", dynamic=True)
@@ -46,7 +64,7 @@ def _backend(gm, backend: str):
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
             max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
-            num_blocks: int | None = None, batch_invariant: bool = False) -> SpeculativeModel:
+            num_blocks: int | None = None, batch_invariant: bool = False, kv_share: str | None = "pool") -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -54,15 +72,18 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     prefill into chunks; prefix_caching reuses full KV blocks across requests (LRU eviction);
     bootstrap is the unshifted scheme's feature before t_0 (zeros by default). batch_invariant
     makes every token's numerics independent of chunking and batching (bit-identical KV), slower.
+    kv_share="pool" (default) puts the draft's KV in one more layer of the base's pool when the
+    scheme is unshifted and the draft's kv heads, head dim and dtype match the base's.
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
                       prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
-                      num_blocks=num_blocks, batch_invariant=batch_invariant)
+                      num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share)
     _check_pair(base, draft)
     base.eval()
     draft.eval()
-    graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant)
+    graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
+                     alias_kv=_can_alias_kv(base, draft, options))
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
     model = SpeculativeModel(graphs, callables, options, base, draft)

@@ -13,7 +13,8 @@ ragged batch, a prefill and a k+1-token verify are the same graph at different t
     draft_extend:   same without the shift (tokens already aligned with features)
     draft_step:     as draft_extend, but the feature is the draft's own output (no EAGLE-3 fc)
 
-<cache inputs> = kv_pool, slot_mapping, block_table, query_start_loc (added by insert_kv_cache).
+<cache inputs> = kv_pool (drafts: draft_kv_pool until alias_draft_kv makes the draft one more layer
+of kv_pool), slot_mapping, block_table, query_start_loc (added by insert_kv_cache).
 """
 from __future__ import annotations
 
@@ -124,7 +125,8 @@ def _example_inputs(device, t=10, n=3):
     return ids, pos, li, qsl
 
 
-def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False) -> StepGraphs:
+def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
+            alias_kv: bool = False) -> StepGraphs:
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -153,5 +155,7 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
         dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1})
         gm = export_graph(step, (ids, pos, f, li, nxt, qsl), dyn)
         passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
-        graphs[name] = run_passes(gm, PassContext(root=step), name, passes, pass_log, 1)
+        passes += ("alias_draft_kv",) if alias_kv else ()
+        ctx = PassContext(root=step, pool_name="draft_kv_pool", shared_pool_layer=num_layers)
+        graphs[name] = run_passes(gm, ctx, name, passes, pass_log, 1)
     return StepGraphs(gm_base, graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log)

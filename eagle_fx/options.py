@@ -21,6 +21,7 @@ class Options:
     bootstrap: torch.Tensor | None = None  # unshifted: the feature before t_0 (zeros by default)
     num_blocks: int | None = None  # KV pool size in blocks (default: max_batch_size full-length sequences)
     batch_invariant: bool = False  # bit-identical numerics across chunkings/batchings (slower)
+    kv_share: str | None = "pool"  # "pool": the draft's KV is one more layer of the base's pool
 
     def __post_init__(self):
         for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
@@ -39,5 +40,7 @@ class Options:
                 raise TypeError("bootstrap must be a 1-D tensor (one feature vector) or None")
             if self.prefill_shift:
                 raise ValueError("bootstrap is the unshifted scheme's first feature; it has no use with prefill_shift=True")
+        if self.kv_share not in ("pool", None):
+            raise ValueError(f"kv_share must be 'pool' or None, got {self.kv_share!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")

@@ -152,9 +152,14 @@ class SpeculativeModel:
         self.allocator = BlockAllocator(num_blocks, o.block_size)
         head_dim = getattr(bc, "head_dim", None) or bc.hidden_size // bc.num_attention_heads
         kvh = getattr(bc, "num_key_value_heads", None) or bc.num_attention_heads
-        self.base_pool = new_kv_pool(bc.num_hidden_layers, num_blocks, o.block_size, kvh, head_dim, self.dtype, self.device)
         dc = draft.config
-        self.draft_pool = new_kv_pool(1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
+        # kv_share="pool" (alias_draft_kv ran): the draft's KV is layer L of the base's pool
+        self.kv_aliased = "draft_kv_pool" not in self._inputs["draft_step"]
+        self.base_pool = new_kv_pool(bc.num_hidden_layers + self.kv_aliased, num_blocks, o.block_size, kvh, head_dim,
+                                     self.dtype, self.device)
+        self.draft_pool = self.base_pool if self.kv_aliased else new_kv_pool(
+            1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
+        self.draft_layer = bc.num_hidden_layers if self.kv_aliased else 0
         feature_dim = draft.feature_dim
         b = o.bootstrap if o.bootstrap is not None else torch.zeros(feature_dim)
         if tuple(b.shape) != (feature_dim,):
@@ -295,8 +300,16 @@ class SpeculativeModel:
                 self.allocator.release(blocks)
 
     def _call(self, name: str, **inputs):
-        """Run step graph `name` with the inputs it declares (passes may add or drop inputs)."""
+        """Run step graph `name` with the inputs it declares (passes may add or drop inputs).
+        Draft graphs get their own pool as `draft_kv_pool`, or the shared one as `kv_pool`."""
+        if name != "base":
+            inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
         return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
+
+    @property
+    def draft_kv(self):
+        """The draft's K/V: [2, blocks, block_size, kv_heads, head_dim]."""
+        return self.draft_pool[self.draft_layer]
 
     def _prefill(self, prompts, block_table, stats, start: list[int], carry: torch.Tensor):
         """Base + draft prefill of prompts[s][start[s]:], in chunks of `prefill_chunk_size` tokens.

@@ -2,7 +2,7 @@
 
 `PASSES` is the one registry (name -> run); `capture` decides which graph each pass runs on.
 """
-from . import batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache
+from . import alias_draft_kv, batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache
 from .result import PassContext, PassResult
 
 PASSES = {
@@ -10,8 +10,9 @@ PASSES = {
     "insert_kv_cache": insert_kv_cache.run,
     "drop_prefill_shift": drop_prefill_shift.run,
     "batch_invariant": batch_invariant.run,
+    "alias_draft_kv": alias_draft_kv.run,
 }
 CAPTURE_PASSES = ("canonicalize_attention", "insert_kv_cache")
 
-__all__ = ["CAPTURE_PASSES", "PASSES", "PassContext", "PassResult", "batch_invariant", "canonicalize_attention",
+__all__ = ["CAPTURE_PASSES", "PASSES", "PassContext", "PassResult", "alias_draft_kv", "batch_invariant", "canonicalize_attention",
            "drop_prefill_shift", "insert_kv_cache"]

@@ -4,8 +4,8 @@ Before:
 
     out = eagle_fx.attention(q, k, v, scale, window)
 
-After (new graph inputs `kv_pool`, `slot_mapping`, `block_table`, `query_start_loc`; the graph's
-existing `positions` input is reused):
+After (new graph inputs `kv_pool` (named by ctx.pool_name), `slot_mapping`, `block_table`,
+`query_start_loc`; the graph's existing `positions` input is reused):
 
     out = eagle_fx.cached_attention(q, k, v, kv_pool, layer, slot_mapping, block_table,
                                     query_start_loc, positions, scale, window)
@@ -23,7 +23,7 @@ import eagle_fx.ops  # noqa: F401
 
 from .result import PassContext, PassResult
 
-CACHE_INPUTS = ("kv_pool", "slot_mapping", "block_table", "query_start_loc")
+CACHE_INPUTS = ("slot_mapping", "block_table", "query_start_loc")
 
 
 def graph_input(gm: GraphModule, name: str, create: bool = True):
@@ -46,7 +46,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     if not nodes:
         return PassResult(gm, 0, ["no eagle_fx.attention left"])
     positions = graph_input(gm, "positions", create=False)
-    inputs = {name: graph_input(gm, name) for name in CACHE_INPUTS}
+    inputs = {"kv_pool": graph_input(gm, ctx.pool_name)} | {name: graph_input(gm, name) for name in CACHE_INPUTS}
     for i, node in enumerate(nodes):
         q, k, v, scale, window = node.args
         layer = ctx.kv_layer_offset + node.meta.get("eagle_fx_layer", i)

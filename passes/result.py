@@ -12,10 +12,14 @@ class PassContext:
 
     root: the nn.Module that was captured (to resolve `nn_module_stack` paths to modules).
     kv_layer_offset: the first pool layer the graph's attention layers are written to.
+    pool_name: the graph input insert_kv_cache adds for the KV pool.
+    shared_pool_layer: the base pool layer alias_draft_kv moves the draft's attention to.
     """
 
     root: torch.nn.Module | None = None
     kv_layer_offset: int = 0
+    pool_name: str = "kv_pool"
+    shared_pool_layer: int = 0
 
 
 @dataclass

@@ -23,7 +23,7 @@ def _cache(graphs_from, lens=(6, 4)):
     table = torch.tensor([[0, 1], [2, 3]])
     seq = torch.repeat_interleave(torch.arange(2), torch.tensor(lens))
     pos = torch.cat([torch.arange(n) for n in lens])
-    return dict(kv_pool=pool, block_table=table, slot_mapping=table[seq, pos // 4] * 4 + pos % 4)
+    return dict(draft_kv_pool=pool, block_table=table, slot_mapping=table[seq, pos // 4] * 4 + pos % 4)
 
 
 def test_counts_numerics_idempotent():
