@@ -26,6 +26,7 @@ from torch import nn
 from torch.fx import GraphModule
 from torch.fx.graph import CodeGen
 
+from eagle_fx.drafts import select_features
 from eagle_fx.passes import CAPTURE_PASSES, PASSES, PassContext
 
 log = logging.getLogger("eagle_fx")
@@ -42,12 +43,7 @@ class BaseStep(nn.Module):
     def forward(self, input_ids, positions, logits_indices):
         out = self.base(input_ids=input_ids, position_ids=positions, logits_to_keep=logits_indices,
                         output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states
-        if self.feature_layers:
-            features = torch.cat([hs[i][0] for i in self.feature_layers], dim=-1)
-        else:
-            features = hs[-1][0]  # EAGLE-1: last hidden state after the final norm
-        return out.logits[0], features
+        return out.logits[0], select_features(out.hidden_states, self.feature_layers)[0]
 
 
 def shift_left(input_ids, next_tokens, query_start_loc):

@@ -151,6 +151,14 @@ Draft = Eagle1Draft | Eagle3Draft
 # ----------------------------------------------------------------------------- construction
 
 
+def select_features(hidden_states, aux_layer_ids) -> torch.Tensor:
+    """The draft's input feature from HF `hidden_states`: EAGLE-3 concatenates the inputs of its
+    feature layers (low -> high); EAGLE-1 (no aux layers) takes the last state, after the final norm."""
+    if aux_layer_ids:
+        return torch.cat([hidden_states[i] for i in aux_layer_ids], dim=-1)
+    return hidden_states[-1]
+
+
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's feature layers: the inputs of base layers (2, L//2, L-3), i.e. hidden_states[i]."""
     ids = (2, num_layers // 2, num_layers - 3)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft
+from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft, select_features
 
 
 def render(tokenizer, turns: list[tuple[str, str]], add_generation_prompt: bool = False) -> str:
@@ -52,9 +52,7 @@ def pack_tokens(tokenizer, conversations: list[dict], seq_len: int, max_tokens: 
 def base_features(base, draft: Draft, ids: torch.Tensor):
     """(features [B,S,F], base logits [B,S,V]) with the draft's feature definition."""
     out = base(input_ids=ids, output_hidden_states=True, use_cache=False)
-    hs = out.hidden_states
-    feats = torch.cat([hs[i] for i in draft.aux_layer_ids], -1) if draft.aux_layer_ids else hs[-1]
-    return feats, out.logits
+    return select_features(out.hidden_states, draft.aux_layer_ids), out.logits
 
 
 def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll: int = 2) -> tuple[torch.Tensor, dict]:
