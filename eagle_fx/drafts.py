@@ -22,6 +22,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from eagle_fx.kv_share import resolve_layer, rope_of
+
 
 class DraftAttention(nn.Module):
     def __init__(self, config: LlamaConfig, in_dim: int):
@@ -35,15 +37,19 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(in_dim, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, attend=None):
+        """attend(q, k, v, scale) -> o replaces causal self-attention (training over a base layer's K/V)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        o = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+        if attend is not None:
+            o = attend(q, k, v, self.head_dim**-0.5)
+        else:
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.head_dim**-0.5, enable_gqa=self.num_heads != self.num_kv_heads
+            )
         return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -56,8 +62,8 @@ class Eagle1Layer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(x, cos, sin)
+    def forward(self, x, cos, sin, attend=None):
+        x = x + self.self_attn(x, cos, sin, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -75,14 +81,19 @@ class Eagle1Draft(nn.Module):
         self.feature_dim = h
         self.aux_layer_ids: tuple[int, ...] = ()
 
+    @property
+    def kv_share_layer(self) -> int | None:
+        """The base layer whose K/V this draft was trained to read (eagle_fx.kv_share), or None."""
+        return getattr(self.config, "eagle_fx_kv_share_layer", None)
+
     def project(self, features):
         return features
 
-    def body(self, input_ids, positions, hidden):
+    def body(self, input_ids, positions, hidden, attend=None):
         e = F.embedding(input_ids, self.embed_tokens.weight)  # [B, T, H]
         x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
-        return self.layers[0](x, cos, sin)
+        return self.layers[0](x, cos, sin, attend)
 
     def logits(self, out, base_lm_head):
         return base_lm_head(out)
@@ -102,10 +113,10 @@ class Eagle3Layer(nn.Module):
         self.mlp = LlamaMLP(config)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
 
-    def forward(self, e, x, cos, sin):
+    def forward(self, e, x, cos, sin, attend=None):
         hx = self.hidden_norm(x)
         r = hx if self.norm_before_residual else x
-        x = r + self.self_attn(torch.cat([self.input_layernorm(e), hx], dim=-1), cos, sin)
+        x = r + self.self_attn(torch.cat([self.input_layernorm(e), hx], dim=-1), cos, sin, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,14 +140,16 @@ class Eagle3Draft(nn.Module):
         self.aux_layer_ids = tuple(int(i) for i in aux_layer_ids)
         self.draft_vocab_size = draft_vocab_size
 
+    kv_share_layer = Eagle1Draft.kv_share_layer
+
     def project(self, features):
         return self.fc(features)
 
-    def body(self, input_ids, positions, hidden):
+    def body(self, input_ids, positions, hidden, attend=None):
         e = F.embedding(input_ids, self.embed_tokens.weight)
         x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
-        return self.midlayer(e, x, cos, sin)
+        return self.midlayer(e, x, cos, sin, attend)
 
     def logits(self, out, base_lm_head):
         return self.lm_head(self.norm(out))
@@ -180,19 +193,30 @@ def draft_config_for(base, **overrides) -> LlamaConfig:
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
         rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
         max_position_embeddings=getattr(c, "max_position_embeddings", 2048),
-        rope_theta=10000.0,
         tie_word_embeddings=False,
     )
+    if "rope_parameters" not in overrides:
+        kw["rope_theta"] = 10000.0
     kw.update(overrides)
     return LlamaConfig(**kw)
 
 
 def new_draft(base, method: str = "eagle", seed: int | None = None, draft_vocab_size: int | None = None,
-              aux_layer_ids=None, **config_overrides) -> Draft:
-    """A randomly initialised draft shaped for `base` (for training, and for tests)."""
+              aux_layer_ids=None, kv_share: int | None = None, **config_overrides) -> Draft:
+    """A randomly initialised draft shaped for `base` (for training, and for tests).
+
+    kv_share=LAYER builds a draft that reads base layer LAYER's K/V (eagle_fx.kv_share): it takes
+    that layer's RoPE, and records the layer in its config (`eagle_fx_kv_share_layer`)."""
     if seed is not None:
         torch.manual_seed(seed)
+    if kv_share is not None:
+        layer = resolve_layer(base, kv_share)
+        config_overrides = {"rope_parameters": rope_of(base.config.get_text_config(), layer),
+                            "eagle_fx_kv_share_layer": layer, **config_overrides}
+        config_overrides.pop("rope_theta", None)
     config = draft_config_for(base, **config_overrides)
+    if "rope_parameters" in config_overrides:  # LlamaConfig folds rope_theta into rope_parameters
+        config.rope_parameters = dict(config_overrides["rope_parameters"])
     if method == "eagle":
         draft = Eagle1Draft(config)
     elif method == "eagle3":

@@ -9,7 +9,8 @@ at position i and predicts t_{i+2}. Loss per unrolled step:
 p_base is the base's own next-token distribution (soft cross-entropy). A second unrolled step
 feeds the draft's own output back as the feature (what chain drafting does at inference), so the
 draft also learns to continue from its own features. Features get a little uniform noise, as in
-EAGLE. Checkpoints are written in the SafeAILab layout that `load_draft` reads, plus
+EAGLE. A KV-sharing draft (kv_share=LAYER) attends over base layer LAYER's K/V for the committed
+positions and over its own k/v for the unrolled (speculated) ones, as at inference. Checkpoints are written in the SafeAILab layout that `load_draft` reads, plus
 `train_state.pt` (optimizer, step, data position) for `--resume`.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft, select_features
+from eagle_fx.kv_share import resolve_layer
 
 
 def render(tokenizer, turns: list[tuple[str, str]], add_generation_prompt: bool = False) -> str:
@@ -50,15 +52,54 @@ def pack_tokens(tokenizer, conversations: list[dict], seq_len: int, max_tokens: 
 
 
 def base_features(base, draft: Draft, ids: torch.Tensor):
-    """(features [B,S,F], base logits [B,S,V]) with the draft's feature definition."""
-    out = base(input_ids=ids, output_hidden_states=True, use_cache=False)
-    return select_features(out.hidden_states, draft.aux_layer_ids), out.logits
+    """(features [B,S,F], base logits [B,S,V], base layer K/V or None) with the draft's feature
+    definition; the K/V ([B,KVH,S,D] each, after RoPE) of the layer a sharing draft reads."""
+    layer = draft.kv_share_layer
+    out = base(input_ids=ids, output_hidden_states=True, use_cache=layer is not None)
+    kv = None
+    if layer is not None:
+        cached = out.cache.layers[layer]
+        kv = cached.keys, cached.values
+        if kv[0].shape[-2] != ids.shape[1]:
+            raise ValueError(f"base layer {layer} keeps {kv[0].shape[-2]} of {ids.shape[1]} positions in its cache "
+                             "(a sliding-window layer); train with --seq-len within its window or share another layer")
+    return select_features(out.hidden_states, draft.aux_layer_ids), out.logits, kv
+
+
+def shared_attention(base_kv, own_kv: list):
+    """Attention of a KV-sharing draft in training (eagle_fx.kv_share), as an `attend` hook.
+
+    Row i (token t_{i+1}, at step j of the unroll) attends base keys 0..i (the committed positions
+    at inference) and its own keys of steps 0..j (the speculated positions): the k/v each earlier
+    unrolled step made for row i, then this step's. `own_kv` collects each step's (k, v).
+    """
+    kb, vb = base_kv
+
+    def attend(q, k, v, scale):
+        own_kv.append((k, v))
+        L, S = q.shape[-2], kb.shape[-2]
+        rep = q.shape[1] // kb.shape[1]
+        kb_, vb_ = kb.repeat_interleave(rep, 1), vb.repeat_interleave(rep, 1)
+        s_base = (q @ kb_.transpose(-1, -2)) * scale  # [B,H,L,S]
+        visible = torch.arange(S, device=q.device)[None, :] <= torch.arange(L, device=q.device)[:, None]
+        s_base = s_base.masked_fill(~visible, float("-inf"))
+        ko = torch.stack([kk[:, :, :L] for kk, _ in own_kv], dim=-2).repeat_interleave(rep, 1)  # [B,H,L,j+1,D]
+        vo = torch.stack([vv[:, :, :L] for _, vv in own_kv], dim=-2).repeat_interleave(rep, 1)
+        s_own = (q.unsqueeze(-2) * ko).sum(-1) * scale  # [B,H,L,j+1]
+        p = torch.cat([s_base, s_own], dim=-1).float().softmax(-1).to(q.dtype)
+        return p[..., :S] @ vb_ + (p[..., S:].unsqueeze(-1) * vo).sum(-2)
+
+    return attend
 
 
 def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll: int = 2) -> tuple[torch.Tensor, dict]:
     with torch.no_grad():
-        feats, base_logits = base_features(base, draft, ids)
+        feats, base_logits, base_kv = base_features(base, draft, ids)
         probs = base_logits.float().softmax(-1)
+    own_kv: list = []
+    # a sharing draft's row for t_{i+1} sits at the base's position of t_{i+1} (unshifted), so its
+    # queries line up with the base keys it reads; otherwise only relative positions matter
+    pos0 = 1 if base_kv is not None else 0
     B, S = ids.shape
     eagle1 = isinstance(draft, Eagle1Draft)
     lm_head = base.get_output_embeddings()
@@ -73,8 +114,9 @@ def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unrol
         if L < 2:
             break
         tok = ids[:, 1 + step:]
-        pos = torch.arange(step, step + L, device=ids.device).expand(B, L)
-        out = draft.body(tok, pos, hidden[:, :L])
+        pos = torch.arange(pos0 + step, pos0 + step + L, device=ids.device).expand(B, L)
+        attend = shared_attention(base_kv, own_kv) if base_kv is not None else None
+        out = draft.body(tok, pos, hidden[:, :L], attend)
         logits = draft.logits(out[:, :-1], lm_head).float()
         target = probs[:, 1 + step:S - 1]  # distribution of t_{i+2+step}
         if not eagle1 and draft.draft_vocab_size != target.shape[-1]:
@@ -106,8 +148,10 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
 def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps: int = 1000,
                 minutes: float | None = None, batch_size: int = 8, lr: float = 3e-3, warmup: int = 50,
                 checkpoint_every: int = 200, resume: bool = False, seed: int = 0, progress: bool = True,
-                draft: Draft | None = None) -> Draft:
-    """Train a draft on packed token rows [N, S]; write checkpoints to out_dir; return the draft."""
+                draft: Draft | None = None, kv_share: int | None = None) -> Draft:
+    """Train a draft on packed token rows [N, S]; write checkpoints to out_dir; return the draft.
+
+    kv_share=LAYER trains a draft that attends over base layer LAYER's K/V (eagle_fx.kv_share)."""
     out_dir = Path(out_dir)
     base.eval()
     for p in base.parameters():
@@ -118,10 +162,12 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
         draft = load_draft(out_dir, base, dtype=torch.float32)
         if draft.method != method:
             raise ValueError(f"--resume: {out_dir} holds an {draft.method} draft, not {method}")
+        if kv_share is not None and draft.kv_share_layer != resolve_layer(base, kv_share):
+            raise ValueError(f"--resume: {out_dir} holds a draft sharing base layer {draft.kv_share_layer}, not {kv_share}")
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         start = state["step"]
     elif draft is None:
-        draft = new_draft(base, method, seed=seed)
+        draft = new_draft(base, method, seed=seed, kv_share=kv_share)
         state = None
     else:
         state = None

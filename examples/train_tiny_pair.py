@@ -111,6 +111,8 @@ def main(argv=None):
     ap.add_argument("--assistant-minutes", type=float, default=3.0)
     ap.add_argument("--only", choices=["all", "drafts"], default="all", help="'drafts': reuse OUT/base, retrain drafts")
     ap.add_argument("--methods", default="eagle,eagle3", help="drafts to train (comma-separated)")
+    ap.add_argument("--kv-share", type=int, default=None, metavar="LAYER",
+                    help="train KV-sharing drafts reading base layer LAYER's K/V, written to OUT/<method>-kvshare")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     out = Path(args.out)
@@ -152,14 +154,15 @@ def main(argv=None):
     base = LlamaForCausalLM.from_pretrained(out / "base", dtype=torch.float32).eval()
     for method in args.methods.split(","):
         t = time.monotonic()
-        draft = train_draft(base, rows, out / method, method=method, steps=args.draft_steps, minutes=args.draft_minutes,
-                            batch_size=8, lr=3e-3, checkpoint_every=200)
-        (out / method / "train_state.pt").unlink(missing_ok=True)  # resume state is not bundled
+        name = method + ("-kvshare" if args.kv_share is not None else "")
+        draft = train_draft(base, rows, out / name, method=method, steps=args.draft_steps, minutes=args.draft_minutes,
+                            batch_size=8, lr=3e-3, checkpoint_every=200, kv_share=args.kv_share)
+        (out / name / "train_state.pt").unlink(missing_ok=True)  # resume state is not bundled
         from eagle_fx.drafts import save_draft
 
-        save_draft(draft, out / method, dtype=torch.float16)
-        load_draft(out / method, base)  # the bundled files load
-        report[method] = {"params": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
+        save_draft(draft, out / name, dtype=torch.float16)
+        load_draft(out / name, base)  # the bundled files load
+        report[name] = {"params": sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n),
                           "train_s": round(time.monotonic() - t, 1), "budget": {"steps": args.draft_steps,
                                                                                  "minutes": args.draft_minutes}}
     report["total_s"] = round(time.monotonic() - t_all, 1)
