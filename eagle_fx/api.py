@@ -7,6 +7,7 @@ import torch
 
 from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
+from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
 from eagle_fx.options import Options
 from eagle_fx.runtime import SpeculativeModel
 
@@ -37,17 +38,34 @@ def _check_pair(base, draft) -> None:
         log.warning("eagle_fx decodes plain greedy: the base's generation_config %s is not applied", ", ".join(ignored))
 
 
+def _kv_share_layer(base, draft, options: Options) -> int | None:
+    """The base layer a KV-sharing draft reads (kv_share=LAYER, or "auto" with a draft trained to
+    share), after eagle_fx.kv_share's checks; None when the draft does not share a base layer."""
+    ks, trained = options.kv_share, draft.kv_share_layer
+    if ks == "auto":
+        ks = trained
+    if not isinstance(ks, int):
+        if trained is not None:
+            log.warning("eagle_fx: this draft was trained to read base layer %d's K/V; kv_share=%r runs it on its own "
+                        "K/V, which it was not trained for (acceptance drops)", trained, ks)
+        return None
+    layer = resolve_layer(base, ks)
+    check_pair(base, draft, layer, options.prefill_shift)
+    if trained != layer:
+        log.warning("eagle_fx: kv_share=%d: this draft was trained %s; expect low acceptance", ks,
+                    "without KV sharing" if trained is None else f"to read base layer {trained}")
+    return layer
+
+
 def _can_alias_kv(base, draft, options: Options) -> bool:
     """kv_share="pool" applies when the draft's cache slots line up with the base's (unshifted) and
     its K/V have the base's shape; otherwise the draft keeps a pool of its own (said in a log line)."""
-    if options.kv_share != "pool":
+    if options.kv_share not in ("pool", "auto"):
         return False
     if options.prefill_shift:
         log.info("eagle_fx: prefill_shift=True: the draft keeps a KV pool of its own (its slots are shifted)")
         return False
-    bc, dc = base.config.get_text_config(), draft.config
-    base_kv = (getattr(bc, "num_key_value_heads", None) or bc.num_attention_heads,
-               getattr(bc, "head_dim", None) or bc.hidden_size // bc.num_attention_heads)
+    dc, base_kv = draft.config, base_kv_shape(base)
     if (dc.num_key_value_heads, dc.head_dim) != base_kv:
         log.info("eagle_fx: draft kv heads/head dim %s differ from the base's %s: the draft keeps a KV pool of its own",
                  (dc.num_key_value_heads, dc.head_dim), base_kv)
@@ -64,7 +82,7 @@ def _backend(gm, backend: str):
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
             max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
-            num_blocks: int | None = None, batch_invariant: bool = False, kv_share: str | None = "pool") -> SpeculativeModel:
+            num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto") -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -72,8 +90,13 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     prefill into chunks; prefix_caching reuses full KV blocks across requests (LRU eviction);
     bootstrap is the unshifted scheme's feature before t_0 (zeros by default). batch_invariant
     makes every token's numerics independent of chunking and batching (bit-identical KV), slower.
-    kv_share="pool" (default) puts the draft's KV in one more layer of the base's pool when the
-    scheme is unshifted and the draft's kv heads, head dim and dtype match the base's.
+    kv_share="pool" puts the draft's KV in one more layer of the base's pool when the scheme is
+    unshifted and the draft's kv heads and head dim match the base's (else the draft keeps its own
+    pool). kv_share=LAYER (int, negative counts from the end) makes the draft read base layer
+    LAYER's K/V for every committed position and keep only its speculated positions' K/V; its
+    prefill and extend compute one row per sequence (eagle_fx.kv_share has the rules and errors).
+    kv_share="auto" (default): the draft's trained LAYER for a sharing draft, else "pool".
+    kv_share=None: the draft keeps a pool of its own.
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
@@ -82,8 +105,9 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     _check_pair(base, draft)
     base.eval()
     draft.eval()
+    layer = _kv_share_layer(base, draft, options)
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
-                     alias_kv=_can_alias_kv(base, draft, options))
+                     alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer)
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
     model = SpeculativeModel(graphs, callables, options, base, draft)

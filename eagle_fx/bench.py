@@ -42,6 +42,13 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="unshifted draft prefill, the drop_prefill_shift pass (default)")
     ap.add_argument("--shift-table", action="store_true",
                     help="the vLLM unshift PR's table: shifted vs unshifted at k=3 and k=7, in one run")
+    ap.add_argument("--kv-share", type=int, default=None, metavar="LAYER",
+                    help="KV-sharing table: the sharing draft (--kv-share-dir) reading base layer LAYER's K/V vs the "
+                         "normal draft with its own KV, in one run: draft prefill time and FLOPs at prompt lengths "
+                         "--kv-share-lengths, draft KV bytes per prompt token, mean acceptance length, tokens/s")
+    ap.add_argument("--kv-share-dir", default=None,
+                    help="the KV-sharing draft (default: the bundled <method>-kvshare draft)")
+    ap.add_argument("--kv-share-lengths", default="64,256,1024", help="prompt lengths for the draft prefill cost")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
@@ -156,6 +163,101 @@ def run_shift_table(args, base, draft, prompts, eos) -> list[dict]:
     return out
 
 
+def _draft_prefill_cost(model, prompt: list[int], reps: int) -> dict:
+    """Draft prefill of one prompt: seconds (mean of `reps`, after a warm-up) and FLOPs (matmuls
+    counted by FlopCounterMode, plus attention by formula: 4 * heads * head_dim per query-key pair;
+    the attention op is opaque to the counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.generate([prompt], max_new_tokens=1, eos_token_id=None)
+    secs = 0.0
+    for _ in range(reps):
+        secs += model.replace().generate([prompt], max_new_tokens=1, eos_token_id=None).stats.time_draft_prefill_s
+    counted = {}
+    fresh = model.replace()
+    inner = fresh._call
+
+    def count(name, **inputs):
+        if name != "draft_prefill":
+            return inner(name, **inputs)
+        with FlopCounterMode(display=False) as fc:
+            out = inner(name, **inputs)
+        counted["matmul"] = fc.get_total_flops()
+        return out
+
+    fresh._call = count  # this throw-away copy only
+    fresh.generate([prompt], max_new_tokens=1, eos_token_id=None)
+    n, c = len(prompt), model.draft_config
+    pairs = n if model.kv_mode == "layer" else n * (n + 1) // 2  # one query row vs every row, causal
+    attn = 4 * c.num_attention_heads * c.head_dim * pairs
+    return {"seconds": secs / reps, "flops": counted["matmul"] + attn, "matmul_flops": counted["matmul"], "attention_flops": attn}
+
+
+def run_kv_share(args, base, draft, tokenizer, prompts, eos, backend) -> dict:
+    """The KV-sharing draft (reads base layer LAYER's K/V) vs the normal draft (its own KV), one run."""
+    import eagle_fx
+
+    share_dir = Path(args.kv_share_dir) if args.kv_share_dir else BUNDLED / f"{args.method}-kvshare"
+    if not share_dir.exists():
+        raise SystemExit(f"eagle-fx bench: no KV-sharing draft at {share_dir}; train one with "
+                         f"eagle-fx train-draft --kv-share {args.kv_share} --out {share_dir}, or pass --kv-share-dir")
+    sharing = eagle_fx.load_draft(share_dir, base)
+    try:
+        lengths = [int(x) for x in args.kv_share_lengths.split(",")]
+    except ValueError:
+        raise SystemExit(f"eagle-fx bench: --kv-share-lengths must be comma-separated ints, got {args.kv_share_lengths!r}") from None
+    max_len = max(max(lengths) + 2, max(len(p) for p in prompts) + args.output_len)
+    kw = dict(num_spec_tokens=args.num_spec_tokens, backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len)
+    try:
+        models = {"own KV": eagle_fx.compile(base, draft, kv_share="pool", **kw),
+                  f"shares layer {args.kv_share}": eagle_fx.compile(base, sharing, kv_share=args.kv_share, **kw)}
+    except ValueError as e:
+        raise SystemExit(f"eagle-fx bench: --kv-share {args.kv_share}: {e}") from None
+    g = torch.Generator().manual_seed(args.seed)
+    cost = {name: {} for name in models}
+    for n in tqdm(lengths, desc="draft prefill cost", leave=False):
+        prompt = torch.randint(3, base.config.vocab_size, (n,), generator=g).tolist()
+        for name, model in models.items():
+            cost[name][n] = _draft_prefill_cost(model, prompt, reps=5)
+    runs = {}
+    for name, model in models.items():
+        from eagle_fx.runtime import SpecDecodeStats
+
+        st = SpecDecodeStats(args.num_spec_tokens)
+
+        def go(batch, model=model, st=st):
+            out = model.replace().generate(batch, max_new_tokens=args.output_len, eos_token_id=eos)
+            st.merge(out.stats)
+            return out.sequences
+
+        seqs, secs = _timed(go, prompts, name, args.max_num_seqs)
+        st.wall_time_s = secs
+        runs[name] = (st, seqs, secs)
+    own, shared = list(models)
+    same = sum(a == b for a, b in zip(runs[own][1], runs[shared][1]))
+    print("-" * 86)
+    print(f"KV sharing: draft prefill per prompt (FLOPs = matmuls counted + attention 4*H*D per query-key pair)")
+    print(f"{'prompt len':>10}" + "".join(f"{name + ' ms':>22}{name + ' MFLOP':>22}" for name in models) + f"{'FLOP ratio':>12}")
+    table = []
+    for n in lengths:
+        a, b = cost[own][n], cost[shared][n]
+        print(f"{n:>10}" + "".join(f"{c['seconds'] * 1e3:>22.3f}{c['flops'] / 1e6:>22.2f}" for c in (a, b))
+              + f"{a['flops'] / b['flops']:>11.0f}x")
+        table.append({"prompt_len": n, own: a, shared: b, "flop_ratio": a["flops"] / b["flops"],
+                      "time_ratio": a["seconds"] / b["seconds"]})
+    print(f"{'':>10}{'draft KV B/prompt token':>26}{'mean acc len':>14}{'tok/s':>10}{'outputs':>10}")
+    rows = {}
+    for name, model in models.items():
+        st, seqs, secs = runs[name]
+        kvb = model.kv_bytes()
+        tps = st.total_num_output_tokens / secs
+        print(f"{name:<16}{kvb['draft_per_token']:>20}{st.mean_acceptance_length:>14.2f}{tps:>10.1f}"
+              f"{(f'{same}/{len(prompts)}' if name == shared else 'ref'):>10}")
+        rows[name] = {**st.as_dict(), "tokens_per_s": tps, "kv_bytes": kvb}
+    print(f"(outputs: prompts whose output equals the own-KV run; both decode the base's greedy tokens)")
+    return {"prefill_cost": table, "runs": rows, "outputs_equal": same, "sharing_draft": str(share_dir)}
+
+
 def _check_args(args) -> None:
     if args.temp != 0.0 or args.top_p != 1.0 or args.top_k != -1:
         raise SystemExit("eagle-fx bench: only greedy decoding (--temp 0, --top-p 1, --top-k -1) is implemented so far")
@@ -227,6 +329,10 @@ def run(args) -> dict:
     prompts = load_prompts(args, tokenizer, base.config.vocab_size)
     if args.shift_table:
         result = {"config": vars(args), "shift_table": run_shift_table(args, base, draft, prompts, eos)}
+        _write_json(args, result)
+        return result
+    if args.kv_share is not None:
+        result = {"config": vars(args), "kv_share": run_kv_share(args, base, draft, tokenizer, prompts, eos, backend)}
         _write_json(args, result)
         return result
     max_len = max(len(p) for p in prompts) + args.output_len

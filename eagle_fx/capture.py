@@ -14,7 +14,10 @@ ragged batch, a prefill and a k+1-token verify are the same graph at different t
     draft_step:     as draft_extend, but the feature is the draft's own output (no EAGLE-3 fc)
 
 <cache inputs> = kv_pool (drafts: draft_kv_pool until alias_draft_kv makes the draft one more layer
-of kv_pool), slot_mapping, block_table, query_start_loc (added by insert_kv_cache).
+of kv_pool), slot_mapping, block_table, query_start_loc (added by insert_kv_cache). A KV-sharing
+draft (kv_share=LAYER) reads base layer LAYER from kv_pool and takes spec_kv, spec_rows and
+committed_len instead of a slot mapping; its prefill and extend graphs compute only the rows at
+logits_indices (prune_draft_rows).
 """
 from __future__ import annotations
 
@@ -122,7 +125,9 @@ def _example_inputs(device, t=10, n=3):
 
 
 def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
-            alias_kv: bool = False) -> StepGraphs:
+            alias_kv: bool = False, kv_share_layer: int | None = None) -> StepGraphs:
+    """alias_kv: the draft's KV becomes one more layer of the base's pool (kv_share="pool");
+    kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned."""
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -151,7 +156,9 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
         dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1})
         gm = export_graph(step, (ids, pos, f, li, nxt, qsl), dyn)
         passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
-        passes += ("alias_draft_kv",) if alias_kv else ()
-        ctx = PassContext(root=step, pool_name="draft_kv_pool", shared_pool_layer=num_layers)
+        passes += ("alias_draft_kv",) if alias_kv or kv_share_layer is not None else ()
+        passes += ("prune_draft_rows",) if kv_share_layer is not None and name != "draft_step" else ()
+        ctx = PassContext(root=step, pool_name="draft_kv_pool", shared_pool_layer=num_layers,
+                          kv_share_layer=kv_share_layer, all_rows_committed=name == "draft_prefill")
         graphs[name] = run_passes(gm, ctx, name, passes, pass_log, 1)
     return StepGraphs(gm_base, graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log)

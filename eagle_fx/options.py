@@ -21,7 +21,9 @@ class Options:
     bootstrap: torch.Tensor | None = None  # unshifted: the feature before t_0 (zeros by default)
     num_blocks: int | None = None  # KV pool size in blocks (default: max_batch_size full-length sequences)
     batch_invariant: bool = False  # bit-identical numerics across chunkings/batchings (slower)
-    kv_share: str | None = "pool"  # "pool": the draft's KV is one more layer of the base's pool
+    # "pool": the draft's KV is one more layer of the base's pool; LAYER (int): the draft reads base
+    # layer LAYER's K/V (a KV-sharing draft); "auto": the draft's trained LAYER if any, else "pool"
+    kv_share: str | int | None = "auto"
 
     def __post_init__(self):
         for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
@@ -40,7 +42,8 @@ class Options:
                 raise TypeError("bootstrap must be a 1-D tensor (one feature vector) or None")
             if self.prefill_shift:
                 raise ValueError("bootstrap is the unshifted scheme's first feature; it has no use with prefill_shift=True")
-        if self.kv_share not in ("pool", None):
-            raise ValueError(f"kv_share must be 'pool' or None, got {self.kv_share!r}")
+        ks = self.kv_share
+        if not (ks in ("auto", "pool", None) or (isinstance(ks, int) and not isinstance(ks, bool))):
+            raise ValueError(f"kv_share must be 'auto', 'pool', None or a base layer index (int), got {ks!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")

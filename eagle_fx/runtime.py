@@ -22,6 +22,7 @@ import torch
 
 from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_table_tensor, new_kv_pool, slot_mapping
 from eagle_fx.capture import StepGraphs
+from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept
 
@@ -39,6 +40,7 @@ class SpecDecodeStats:
     wall_time_s: float = 0.0
     # where the time went (seconds): base prefill + draft prefill, draft steps + extends, verify
     time_prefill_s: float = 0.0
+    time_draft_prefill_s: float = 0.0  # the draft's share of time_prefill_s
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     # prefix caching: prompt tokens served from cached blocks vs computed, per model
@@ -75,6 +77,7 @@ class SpecDecodeStats:
         self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
         self.total_num_output_tokens += other.total_num_output_tokens
         self.time_prefill_s += other.time_prefill_s
+        self.time_draft_prefill_s += other.time_draft_prefill_s
         self.time_draft_s += other.time_draft_s
         self.time_verify_s += other.time_verify_s
         for name in ("prefix_hit_tokens_base", "prefix_hit_tokens_draft", "prefill_tokens_computed_base",
@@ -97,6 +100,7 @@ class SpecDecodeStats:
             "acceptance_at": self.acceptance_at,
             "wall_time_s": self.wall_time_s,
             "profile_s": self.profile(),
+            "draft_prefill_s": self.time_draft_prefill_s,
             "prefix_hit_tokens_base": self.prefix_hit_tokens_base,
             "prefix_hit_tokens_draft": self.prefix_hit_tokens_draft,
             "prefill_tokens_computed_base": self.prefill_tokens_computed_base,
@@ -150,22 +154,32 @@ class SpeculativeModel:
         self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
         num_blocks = o.num_blocks or o.max_batch_size * self.blocks_per_seq
         self.allocator = BlockAllocator(num_blocks, o.block_size)
-        head_dim = getattr(bc, "head_dim", None) or bc.hidden_size // bc.num_attention_heads
-        kvh = getattr(bc, "num_key_value_heads", None) or bc.num_attention_heads
+        kvh, head_dim = base_kv_shape(base)
         dc = draft.config
-        # kv_share="pool" (alias_draft_kv ran): the draft's KV is layer L of the base's pool
-        self.kv_aliased = "draft_kv_pool" not in self._inputs["draft_step"]
-        self.base_pool = new_kv_pool(bc.num_hidden_layers + self.kv_aliased, num_blocks, o.block_size, kvh, head_dim,
-                                     self.dtype, self.device)
+        inputs = self._inputs["draft_step"]
+        # kv_mode: "layer" (kv_share=LAYER: the draft reads base layer `draft_layer`, and keeps only its
+        # speculated positions in the spec_kv ring), "pool" (its KV is layer L of the base's pool), or
+        # "own" (a pool of its own)
+        self.kv_mode = "layer" if "spec_kv" in inputs else "own" if "draft_kv_pool" in inputs else "pool"
+        self.kv_aliased = self.kv_mode != "own"
+        self.base_pool = new_kv_pool(bc.num_hidden_layers + (self.kv_mode == "pool"), num_blocks, o.block_size, kvh,
+                                     head_dim, self.dtype, self.device)
         self.draft_pool = self.base_pool if self.kv_aliased else new_kv_pool(
             1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
-        self.draft_layer = bc.num_hidden_layers if self.kv_aliased else 0
+        self.draft_layer = {"own": 0, "pool": bc.num_hidden_layers}.get(self.kv_mode, draft.kv_share_layer)
+        if self.kv_mode == "layer":
+            self.draft_layer = next(n.args[4] for n in graphs.draft_step.graph.nodes
+                                    if n.target == torch.ops.eagle_fx.shared_cached_attention.default)
+        # a sharing draft's own K/V: the k speculated positions (bonus + k-1 steps) of each sequence
+        self.spec_kv = torch.zeros(2, o.max_batch_size, k, dc.num_key_value_heads, dc.head_dim, dtype=self.dtype,
+                                   device=self.device) if self.kv_mode == "layer" else None
         feature_dim = draft.feature_dim
         b = o.bootstrap if o.bootstrap is not None else torch.zeros(feature_dim)
         if tuple(b.shape) != (feature_dim,):
             raise ValueError(f"bootstrap must be a [{feature_dim}] feature vector (the draft's input feature size), got {tuple(b.shape)}")
         self.bootstrap = b.to(device=self.device, dtype=self.dtype)[None]
         self.draft_hidden_size = dc.hidden_size
+        self.draft_config = dc
         self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
@@ -284,7 +298,6 @@ class SpeculativeModel:
             stats.prefix_hit_tokens_draft += hits
             computed = sum(len(p) for p in prompts) - hits
             stats.prefill_tokens_computed_base += computed
-            stats.prefill_tokens_computed_draft += computed
             outputs = self._decode(prompts, max_new, eos, stats, block_table, start, carry, valid)
             if caching:
                 for p, out, blocks, n_valid in zip(prompts, outputs, rows, valid):
@@ -301,15 +314,31 @@ class SpeculativeModel:
 
     def _call(self, name: str, **inputs):
         """Run step graph `name` with the inputs it declares (passes may add or drop inputs).
-        Draft graphs get their own pool as `draft_kv_pool`, or the shared one as `kv_pool`."""
+        Draft graphs get their own pool as `draft_kv_pool`, or the shared one as `kv_pool`; a
+        sharing draft also its spec_kv ring."""
         if name != "base":
             inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
+            inputs["spec_kv"] = self.spec_kv
         return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
 
     @property
     def draft_kv(self):
-        """The draft's K/V: [2, blocks, block_size, kv_heads, head_dim]."""
+        """The K/V the draft attends to for cached positions: [2, blocks, block_size, kv_heads, head_dim]
+        (kv_share=LAYER: the base layer it reads)."""
         return self.draft_pool[self.draft_layer]
+
+    def kv_bytes(self) -> dict:
+        """Bytes of KV memory: the base's layers, what the draft holds besides them, and the draft's
+        bytes per cached token (0 when it reads a base layer: its ring does not grow with length)."""
+        base = self.base_pool[:self.base_pool.shape[0] - (self.kv_mode == "pool")]
+        per_token = self.draft_kv.numel() * self.draft_kv.element_size() // (self.allocator.num_blocks * self.options.block_size)
+        if self.kv_mode == "layer":
+            draft, per_token = self.spec_kv.numel() * self.spec_kv.element_size(), 0
+        elif self.kv_mode == "pool":
+            draft = self.draft_kv.numel() * self.draft_kv.element_size()
+        else:
+            draft = self.draft_pool.numel() * self.draft_pool.element_size()
+        return {"base": base.numel() * base.element_size(), "draft": draft, "draft_per_token": per_token}
 
     def _prefill(self, prompts, block_table, stats, start: list[int], carry: torch.Tensor):
         """Base + draft prefill of prompts[s][start[s]:], in chunks of `prefill_chunk_size` tokens.
@@ -354,10 +383,16 @@ class SpeculativeModel:
                 look_ahead = torch.tensor([prompts[s][c] if not f else 0 for s, (a, c), f in zip(sel, spans, final)], **long)
                 next_tokens = torch.where(fin, sampled, look_ahead)
             sel_t = torch.tensor(sel, **long)
+            ends = torch.tensor([c for a, c in spans], **long)
+            t_draft = clock()
             dl, dh = self._call("draft_prefill", input_ids=ids[None], positions=pos[None], features=feats,
                                 logits_indices=last, next_tokens=next_tokens, carry_features=carry[sel_t],
-                                query_start_loc=qsl, kv_pool=self.draft_pool, slot_mapping=slots, block_table=bt)
+                                query_start_loc=qsl, kv_pool=self.draft_pool, slot_mapping=slots, block_table=bt,
+                                spec_rows=sel_t, committed_len=ends)
             stats.time_prefill_s += clock() - t
+            stats.time_draft_prefill_s += clock() - t_draft
+            # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
+            stats.prefill_tokens_computed_draft += len(sel) if self.kv_mode == "layer" else ids.numel()
             if self.options.prefix_caching:
                 self._keep_block_features(bt, seq, pos, feats)
             carry[sel_t] = feats[last]
@@ -396,7 +431,7 @@ class SpeculativeModel:
             return outputs
         m = torch.tensor([len(p) for p in prompts], **long)  # tokens in the base KV per sequence
         rows = torch.tensor(active, **long)
-        pending, m, bt = pending[rows], m[rows], block_table[rows]
+        pending, m, bt, srow = pending[rows], m[rows], block_table[rows], rows
         A = len(active)
         ar = torch.arange(B + 1, **long)
         if o:  # unshifted: the sampled token t_n enters the draft at position n with feature f_{n-1}
@@ -404,7 +439,8 @@ class SpeculativeModel:
             dlogits, dhidden = self._call("draft_extend", input_ids=pending[None], positions=m[None],
                                           features=last_feats[rows], logits_indices=ar[:A], next_tokens=pending,
                                           query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
-                                          slot_mapping=slot_mapping(bt, ar[:A], m, bs), block_table=bt)
+                                          slot_mapping=slot_mapping(bt, ar[:A], m, bs), block_table=bt,
+                                          spec_rows=rows, committed_len=m)
             stats.time_prefill_s += clock() - t
         else:
             dlogits, dhidden = dlogits[rows], dhidden[rows]
@@ -420,7 +456,8 @@ class SpeculativeModel:
                 p_j = m - 1 + j + o
                 dl, h = self._call("draft_step", input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
                                    next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
-                                   slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt)
+                                   slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt,
+                                   spec_rows=srow, committed_len=m)
                 d = self._propose(contexts, active, j, self._to_target(greedy(dl)))
                 proposals.append(d)
             D = torch.stack(proposals, dim=1)  # [A, k]
@@ -461,14 +498,14 @@ class SpeculativeModel:
             e_feats = feats.view(A, k + 1, -1)[kr][e_seq, e_off]
             e_qsl = torch.zeros(len(keep) + 1, **long)
             e_qsl[1:] = n_ext.cumsum(0)
-            bt = bt[kr]
+            bt, srow = bt[kr], srow[kr]
+            m = m[kr] + n_ext  # the base KV now holds every accepted token; the bonus is pending
             t = clock()
             dlogits, dhidden = self._call("draft_extend", input_ids=e_ids[None], positions=e_pos[None], features=e_feats,
                                           logits_indices=e_qsl[1:] - 1, next_tokens=bonus[kr], query_start_loc=e_qsl,
                                           kv_pool=self.draft_pool, slot_mapping=slot_mapping(bt, e_seq, e_pos, bs),
-                                          block_table=bt)
+                                          block_table=bt, spec_rows=srow, committed_len=m)
             stats.time_draft_s += clock() - t
-            m = m[kr] + n_ext
             pending = bonus[kr]
             active = [active[r] for r in keep]
         return outputs
@@ -499,7 +536,9 @@ class SpeculativeModel:
                                features=torch.zeros(T, feat[name], device=dev, dtype=self.dtype),
                                carry_features=torch.zeros(B, feat[name], device=dev, dtype=self.dtype),
                                next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool,
-                               slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt)
+                               slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
+                               spec_rows=torch.arange(B, **long),
+                               committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"))
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:
         """Remember the base feature at each block's last position: the carry for a prefix hit."""

@@ -92,31 +92,38 @@ def shared_attention(base_kv, own_kv: list):
     return attend
 
 
-def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll: int = 2) -> tuple[torch.Tensor, dict]:
-    with torch.no_grad():
-        feats, base_logits, base_kv = base_features(base, draft, ids)
-        probs = base_logits.float().softmax(-1)
+def unroll(draft: Draft, ids: torch.Tensor, hidden: torch.Tensor, base_kv=None, steps: int = 2):
+    """Yield (step, out [B, L, H]) for each unrolled step: rows i of step j see token t_{i+1+j}; step 0
+    takes `hidden` (the projected base features f_i), later steps the previous step's outputs.
+    A sharing draft (base_kv given) sits at the base's positions and reads base keys 0..i."""
+    B, S = ids.shape
     own_kv: list = []
     # a sharing draft's row for t_{i+1} sits at the base's position of t_{i+1} (unshifted), so its
     # queries line up with the base keys it reads; otherwise only relative positions matter
     pos0 = 1 if base_kv is not None else 0
-    B, S = ids.shape
+    for step in range(steps):
+        L = S - 1 - step
+        if L < 2:
+            return
+        pos = torch.arange(pos0 + step, pos0 + step + L, device=ids.device).expand(B, L)
+        attend = shared_attention(base_kv, own_kv) if base_kv is not None else None
+        out = draft.body(ids[:, 1 + step:], pos, hidden[:, :L], attend)
+        yield step, out
+        hidden = out[:, :-1]  # the draft's own output becomes the next feature (no fc)
+
+
+def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll_steps: int = 2) -> tuple[torch.Tensor, dict]:
+    with torch.no_grad():
+        feats, base_logits, base_kv = base_features(base, draft, ids)
+        probs = base_logits.float().softmax(-1)
+    S = ids.shape[1]
     eagle1 = isinstance(draft, Eagle1Draft)
     lm_head = base.get_output_embeddings()
     f_in = feats[:, :-1]
     if noise:
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise * feats.float().std()
-    hidden = draft.project(f_in)
     total, metrics = 0.0, {}
-    for step in range(unroll):
-        # rows i (step 0) see t_{i+1+step}; they hold slot i+step and predict t_{i+2+step}
-        L = S - 1 - step
-        if L < 2:
-            break
-        tok = ids[:, 1 + step:]
-        pos = torch.arange(pos0 + step, pos0 + step + L, device=ids.device).expand(B, L)
-        attend = shared_attention(base_kv, own_kv) if base_kv is not None else None
-        out = draft.body(tok, pos, hidden[:, :L], attend)
+    for step, out in unroll(draft, ids, draft.project(f_in), base_kv, unroll_steps):
         logits = draft.logits(out[:, :-1], lm_head).float()
         target = probs[:, 1 + step:S - 1]  # distribution of t_{i+2+step}
         if not eagle1 and draft.draft_vocab_size != target.shape[-1]:
@@ -134,7 +141,6 @@ def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unrol
         with torch.no_grad():
             pred = draft.to_target(logits.argmax(-1))
             metrics[f"acc{step}"] = (pred == base_logits[:, 1 + step:S - 1].argmax(-1)).float().mean().item()
-        hidden = out[:, :-1]  # the draft's own output becomes the next feature (no fc)
     return total, metrics
 
 

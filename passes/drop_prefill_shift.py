@@ -53,6 +53,8 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
         rolled = g.call_function(aten.roll.default, (features, [1], [0]))
         firsts = g.call_function(aten.slice.Tensor, (qsl, 0, 0, -1))
         shifted = g.call_function(aten.index_put.default, (rolled, [firsts], carry))
+    if "val" in features.meta:  # same shape as the features (later passes read token dims from it)
+        rolled.meta["val"] = shifted.meta["val"] = features.meta["val"]
     for u in feature_users:
         u.replace_input_with(features, shifted)
     g.eliminate_dead_code()

@@ -14,12 +14,17 @@ class PassContext:
     kv_layer_offset: the first pool layer the graph's attention layers are written to.
     pool_name: the graph input insert_kv_cache adds for the KV pool.
     shared_pool_layer: the base pool layer alias_draft_kv moves the draft's attention to.
+    kv_share_layer: alias_draft_kv with kv_share=LAYER: the base layer whose K/V the draft reads.
+    all_rows_committed: every row of the graph is a committed position (the draft prefill), so a
+        sharing draft needs none of its own k/v there.
     """
 
     root: torch.nn.Module | None = None
     kv_layer_offset: int = 0
     pool_name: str = "kv_pool"
     shared_pool_layer: int = 0
+    kv_share_layer: int | None = None
+    all_rows_committed: bool = False
 
 
 @dataclass

@@ -7,6 +7,13 @@ causal self-attention over one packed row of tokens, grouped-query heads kept un
 into a paged pool through a slot mapping, and each query attends to its own sequence's keys read
 back through a block table. The pool is a graph input that the op mutates (declared in the schema).
 
+`eagle_fx::shared_cached_attention` is a KV-sharing draft's attention (passes/alias_draft_kv.py,
+kv_share=LAYER): keys and values of the positions a sequence has committed (< committed_len[s], the
+tokens in the base's KV) are read from layer `base_layer` of the base's pool; those of later
+positions (speculated tokens) from `spec_kv`, a small ring the op writes: row spec_rows[s], slot
+position % R. Only rows at positions >= committed_len are written; k and v may be None when every
+row is committed (the draft prefill), and then nothing is written.
+
 `eagle_fx::rowwise_linear` is `F.linear` one row at a time (see passes/batch_invariant.py).
 
 Layouts:
@@ -17,6 +24,8 @@ Layouts:
   block_table  [B, max_blocks] int64, the blocks of each sequence in position order
   query_start_loc [B + 1]      int64, token t belongs to sequence s if qsl[s] <= t < qsl[s+1]
   positions    [1, T]          int64, position of each token in its sequence
+  spec_kv      [2, S, R, KVH, D]  a KV-sharing draft's own K/V, R >= the speculated positions per sequence
+  spec_rows, committed_len [B] int64
 sliding_window 0 means full attention; otherwise key j is visible to query i when
 0 <= i - j < sliding_window (the Hugging Face convention).
 
@@ -36,6 +45,11 @@ _lib.define(
     "cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "
     "Tensor block_table, Tensor query_start_loc, Tensor positions, float scale, int sliding_window, "
     "bool batch_invariant=False) -> Tensor"
+)
+_lib.define(
+    "shared_cached_attention(Tensor q, Tensor? k, Tensor? v, Tensor kv_pool, int base_layer, Tensor(a!) spec_kv, "
+    "Tensor spec_rows, Tensor committed_len, Tensor block_table, Tensor query_start_loc, Tensor positions, "
+    "float scale, int sliding_window) -> Tensor"
 )
 _lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 
@@ -100,6 +114,55 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
     return out
 
 
+def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, kv_pool: Tensor, base_layer: int,
+                                spec_kv: Tensor, spec_rows: Tensor, committed_len: Tensor, block_table: Tensor,
+                                query_start_loc: Tensor, positions: Tensor, scale: float, sliding_window: int) -> Tensor:
+    """Write the uncommitted rows' k/v into the ring, then attend each query to its sequence's keys:
+    the base layer's below committed_len, the ring's from there on."""
+    kvh, d = spec_kv.shape[-2], spec_kv.shape[-1]
+    ring, block_size = spec_kv.shape[2], kv_pool.shape[3]
+    pos = positions.reshape(-1)
+    n_seq = query_start_loc.shape[0] - 1
+    meta = torch.cat([query_start_loc, pos[query_start_loc[1:] - 1], committed_len, spec_rows]).tolist()
+    bounds, ends = meta[:n_seq + 1], meta[n_seq + 1:2 * n_seq + 1]
+    committed, rows = meta[2 * n_seq + 1:3 * n_seq + 1], meta[3 * n_seq + 1:]
+    seq = torch.repeat_interleave(torch.arange(n_seq, device=pos.device), query_start_loc.diff())
+    own = pos >= committed_len[seq]
+    if k is None or v is None:
+        if bool(own.any()):
+            raise ValueError("eagle_fx.shared_cached_attention: rows at positions >= committed_len need their k/v")
+    else:
+        r = own.nonzero().squeeze(1)
+        if r.numel():
+            new = torch.stack([k[0][:, r], v[0][:, r]]).transpose(1, 2).to(spec_kv.dtype)  # [2, r, kvh, d]
+            spec_kv[:, spec_rows[seq[r]], pos[r] % ring] = new
+    out = torch.empty_like(q)
+    base = kv_pool[base_layer]
+    gqa = kvh != q.shape[1]
+    for s in range(n_seq):
+        a, b = bounds[s], bounds[s + 1]
+        if a == b:
+            continue
+        num_keys = ends[s] + 1
+        c = min(committed[s], num_keys)
+        if num_keys - c > ring:
+            raise ValueError(f"eagle_fx.shared_cached_attention: {num_keys - c} uncommitted positions > ring size {ring}")
+        nb = -(-c // block_size)
+        kv = base[:, block_table[s, :nb]].reshape(2, nb * block_size, kvh, d)[:, :c]
+        if num_keys > c:
+            kv = torch.cat([kv, spec_kv[:, rows[s], torch.arange(c, num_keys, device=pos.device) % ring]], dim=1)
+        kv = kv.transpose(1, 2)
+        if kv.dtype != q.dtype:
+            kv = kv.to(q.dtype)
+        if b - a == 1 and (sliding_window == 0 or num_keys <= sliding_window):
+            mask = None
+        else:
+            mask = visible_keys(pos[a:b], num_keys, sliding_window)
+        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kv[0][None], kv[1][None], attn_mask=mask,
+                                                        scale=scale, enable_gqa=gqa)
+    return out
+
+
 def rowwise_linear_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear one row at a time: each row's result is independent of how many rows there are."""
     rows = x.reshape(-1, x.shape[-1])
@@ -110,7 +173,7 @@ def rowwise_linear_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
 
 
 for _name, _fn in (("attention", attention_ref), ("cached_attention", cached_attention_ref),
-                   ("rowwise_linear", rowwise_linear_ref)):
+                   ("shared_cached_attention", shared_cached_attention_ref), ("rowwise_linear", rowwise_linear_ref)):
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
 
 
@@ -122,6 +185,12 @@ def _(q, k, v, scale, sliding_window):
 @torch.library.register_fake("eagle_fx::cached_attention", lib=_lib)
 def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window,
       batch_invariant=False):
+    return torch.empty_like(q)
+
+
+@torch.library.register_fake("eagle_fx::shared_cached_attention", lib=_lib)
+def _(q, k, v, kv_pool, base_layer, spec_kv, spec_rows, committed_len, block_table, query_start_loc, positions, scale,
+      sliding_window):
     return torch.empty_like(q)
 
 

@@ -75,5 +75,5 @@ def test_own_pool_when_kv_shapes_differ():
 
 
 def test_bad_kv_share_value():
-    with pytest.raises(ValueError, match="kv_share must be 'pool' or None"):
+    with pytest.raises(ValueError, match="kv_share must be 'auto', 'pool', None or a base layer index"):
         eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), kv_share="everything")
