@@ -48,3 +48,42 @@ def test_loss_decreases(tmp_path):
     with torch.no_grad():
         after, _ = draft_loss(base, draft, rows, noise=0.0)
     assert after < 0.7 * before
+
+
+def test_kv_share_training_and_cli_errors(tmp_path):
+    """train-draft --kv-share: the draft records its layer and RoPE, loads as a sharing draft,
+    learns, and compiles into kv_share mode by default; bad layers are refused before any work."""
+    torch.manual_seed(0)
+    base = tiny_base("llama")
+    rows = _rows(8, 20)
+    from eagle_fx.drafts import new_draft
+
+    draft = new_draft(base, "eagle3", seed=0, kv_share=-2)
+    with torch.no_grad():
+        before, _ = draft_loss(base, draft, rows, noise=0.0)
+    train_draft(base, rows, tmp_path / "d", method="eagle3", steps=30, batch_size=8, lr=3e-3, warmup=5,
+                progress=False, draft=draft)
+    with torch.no_grad():
+        after, _ = draft_loss(base, draft, rows, noise=0.0)
+    assert after < 0.7 * before
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["eagle_fx_kv_share_layer"] == 2
+    loaded = load_draft(tmp_path / "d", base)
+    assert loaded.kv_share_layer == 2
+
+    import eagle_fx
+
+    assert eagle_fx.compile(base, loaded, max_batch_size=1, max_seq_len=64).kv_mode == "layer"
+    with pytest.raises(ValueError, match="holds a draft sharing base layer 2, not 1"):
+        train_draft(base, rows, tmp_path / "d", method="eagle3", steps=31, resume=True, kv_share=1, progress=False)
+
+    from eagle_fx.cli import main
+
+    with pytest.raises(SystemExit, match=r"--kv-share: kv_share=9: the base has 4 layers"):
+        main(["train-draft", "--base", str(_save_base(tmp_path)), "--out", str(tmp_path / "x"), "--kv-share", "9"])
+
+
+def _save_base(tmp_path):
+    path = tmp_path / "base"
+    tiny_base("llama").save_pretrained(path)
+    return path
