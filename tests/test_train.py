@@ -58,14 +58,14 @@ def test_kv_share_training_and_cli_errors(tmp_path):
     rows = _rows(8, 20)
     from eagle_fx.drafts import new_draft
 
-    draft = new_draft(base, "eagle3", seed=0, kv_share=-2)
+    draft = new_draft(base, "eagle", seed=0, kv_share=-2)
     with torch.no_grad():
         before, _ = draft_loss(base, draft, rows, noise=0.0)
-    train_draft(base, rows, tmp_path / "d", method="eagle3", steps=30, batch_size=8, lr=3e-3, warmup=5,
+    train_draft(base, rows, tmp_path / "d", method="eagle", steps=30, batch_size=8, lr=3e-3, warmup=5,
                 progress=False, draft=draft)
     with torch.no_grad():
         after, _ = draft_loss(base, draft, rows, noise=0.0)
-    assert after < 0.7 * before
+    assert after < 0.8 * before
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["eagle_fx_kv_share_layer"] == 2
     loaded = load_draft(tmp_path / "d", base)
@@ -75,7 +75,7 @@ def test_kv_share_training_and_cli_errors(tmp_path):
 
     assert eagle_fx.compile(base, loaded, max_batch_size=1, max_seq_len=64).kv_mode == "layer"
     with pytest.raises(ValueError, match="holds a draft sharing base layer 2, not 1"):
-        train_draft(base, rows, tmp_path / "d", method="eagle3", steps=31, resume=True, kv_share=1, progress=False)
+        train_draft(base, rows, tmp_path / "d", method="eagle", steps=31, resume=True, kv_share=1, progress=False)
 
     from eagle_fx.cli import main
 
