@@ -223,6 +223,7 @@ def run_kv_share(args, base, draft, tokenizer, prompts, eos, backend) -> dict:
     for name, model in models.items():
         from eagle_fx.runtime import SpecDecodeStats
 
+        model.generate([prompts[0]], max_new_tokens=args.output_len, eos_token_id=eos)  # warm-up (compiles)
         st = SpecDecodeStats(args.num_spec_tokens)
 
         def go(batch, model=model, st=st):

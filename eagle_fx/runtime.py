@@ -537,7 +537,7 @@ class SpeculativeModel:
                                carry_features=torch.zeros(B, feat[name], device=dev, dtype=self.dtype),
                                next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool,
                                slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
-                               spec_rows=torch.arange(B, **long),
+                               spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
                                committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"))
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:
