@@ -74,15 +74,17 @@ def _can_alias_kv(base, draft, options: Options) -> bool:
 
 
 def _backend(gm, backend: str):
-    """The step graph as a callable for `backend`; always run without autograd (inference only)."""
-    fn = gm if backend == "eager" else torch.compile(gm, backend="inductor", dynamic=True)
+    """The step graph as a callable for `backend`; always run without autograd (inference only).
+    "triton": the lowered graph runs as is (its kernels are the Triton ops)."""
+    fn = torch.compile(gm, backend="inductor", dynamic=True) if backend == "inductor" else gm
     return torch.no_grad()(fn)
 
 
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
             max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
-            num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto") -> SpeculativeModel:
+            num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto",
+            static_steps: bool | None = None) -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -97,21 +99,34 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     prefill and extend compute one row per sequence (eagle_fx.kv_share has the rules and errors).
     kv_share="auto" (default): the draft's trained LAYER for a sharing draft, else "pool".
     kv_share=None: the draft keeps a pool of its own.
+    backend: "eager" (the step graphs as GraphModules), "inductor" (torch.compile of each graph,
+    warmed up here), "triton" (lower_draft_prefill swaps in the Triton kernels; needs CUDA, or
+    TRITON_INTERPRET=1 set before eagle_fx is imported). static_steps runs the draft step and the
+    verify over per-batch-bucket static buffers, captured as CUDA graphs on a GPU (default: on for
+    backend="triton").
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
                       prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
-                      num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share)
+                      num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share,
+                      static_steps=static_steps)
     _check_pair(base, draft)
     base.eval()
     draft.eval()
     layer = _kv_share_layer(base, draft, options)
+    if options.backend == "triton":
+        from eagle_fx.ops.triton import triton_status
+
+        ok, why = triton_status(next(base.parameters()).device)
+        if not ok:
+            raise ValueError(f"backend='triton' cannot run here: {why}")
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
-                     alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer)
+                     alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
+                     lower=options.backend == "triton")
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
     model = SpeculativeModel(graphs, callables, options, base, draft)
-    if options.backend != "eager":
+    if options.backend == "inductor":
         model.warmup()  # compile every shape class now, not inside the first generate
     return model
 

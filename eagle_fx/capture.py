@@ -125,9 +125,10 @@ def _example_inputs(device, t=10, n=3):
 
 
 def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
-            alias_kv: bool = False, kv_share_layer: int | None = None) -> StepGraphs:
+            alias_kv: bool = False, kv_share_layer: int | None = None, lower: bool = False) -> StepGraphs:
     """alias_kv: the draft's KV becomes one more layer of the base's pool (kv_share="pool");
-    kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned."""
+    kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned;
+    lower: swap in the Triton kernels (lower_draft_prefill) in every graph."""
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -139,7 +140,8 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
     base_step = BaseStep(base, draft.aux_layer_ids).eval()
     gm_base = export_graph(base_step, (ids, pos, li), ({1: T}, {1: T}, {0: N}))
     extra = ("batch_invariant",) if batch_invariant else ()
-    gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra, pass_log, num_layers)
+    last = ("lower_draft_prefill",) if lower else ()
+    gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra + last, pass_log, num_layers)
 
     dtype = next(draft.parameters()).dtype
     feats = torch.zeros(ids.shape[1], draft.feature_dim, device=dev, dtype=dtype)
@@ -158,6 +160,7 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
         passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
         passes += ("alias_draft_kv",) if alias_kv or kv_share_layer is not None else ()
         passes += ("prune_draft_rows",) if kv_share_layer is not None and name != "draft_step" else ()
+        passes += last
         ctx = PassContext(root=step, pool_name="draft_kv_pool", shared_pool_layer=num_layers,
                           kv_share_layer=kv_share_layer, all_rows_committed=name == "draft_prefill")
         graphs[name] = run_passes(gm, ctx, name, passes, pass_log, 1)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("eager", "inductor")
+BACKENDS = ("eager", "inductor", "triton")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,9 @@ class Options:
     # "pool": the draft's KV is one more layer of the base's pool; LAYER (int): the draft reads base
     # layer LAYER's K/V (a KV-sharing draft); "auto": the draft's trained LAYER if any, else "pool"
     kv_share: str | int | None = "auto"
+    # the draft step and the verify step over per-batch-bucket static buffers, replayed as CUDA
+    # graphs on a GPU when every op in them can be captured; None: on for backend="triton"
+    static_steps: bool | None = None
 
     def __post_init__(self):
         for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
@@ -34,6 +37,8 @@ class Options:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {v!r}")
+        if self.static_steps is not None and not isinstance(self.static_steps, bool):
+            raise TypeError(f"static_steps must be a bool or None, got {self.static_steps!r}")
         for name in ("prefill_shift", "prefix_caching", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")

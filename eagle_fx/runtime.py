@@ -25,6 +25,7 @@ from eagle_fx.capture import StepGraphs
 from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept
+from eagle_fx.static_steps import StaticStep
 
 
 @dataclass
@@ -154,6 +155,9 @@ class SpeculativeModel:
         self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
         num_blocks = o.num_blocks or o.max_batch_size * self.blocks_per_seq
         self.allocator = BlockAllocator(num_blocks, o.block_size)
+        # static steps pad the batch with sequences that live in one scratch block past the allocator's
+        self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton"
+        scratch = int(self.static_steps)
         kvh, head_dim = base_kv_shape(base)
         dc = draft.config
         inputs = self._inputs["draft_step"]
@@ -162,17 +166,19 @@ class SpeculativeModel:
         # "own" (a pool of its own)
         self.kv_mode = "layer" if "spec_kv" in inputs else "own" if "draft_kv_pool" in inputs else "pool"
         self.kv_aliased = self.kv_mode != "own"
-        self.base_pool = new_kv_pool(bc.num_hidden_layers + (self.kv_mode == "pool"), num_blocks, o.block_size, kvh,
-                                     head_dim, self.dtype, self.device)
+        self.base_pool = new_kv_pool(bc.num_hidden_layers + (self.kv_mode == "pool"), num_blocks + scratch, o.block_size,
+                                     kvh, head_dim, self.dtype, self.device)
         self.draft_pool = self.base_pool if self.kv_aliased else new_kv_pool(
-            1, num_blocks, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
+            1, num_blocks + scratch, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
         self.draft_layer = {"own": 0, "pool": bc.num_hidden_layers}.get(self.kv_mode, draft.kv_share_layer)
         if self.kv_mode == "layer":
             self.draft_layer = next(n.args[4] for n in graphs.draft_step.graph.nodes
                                     if n.target == torch.ops.eagle_fx.shared_cached_attention.default)
         # a sharing draft's own K/V: the k speculated positions (bonus + k-1 steps) of each sequence
-        self.spec_kv = torch.zeros(2, o.max_batch_size, k, dc.num_key_value_heads, dc.head_dim, dtype=self.dtype,
-                                   device=self.device) if self.kv_mode == "layer" else None
+        self.spec_kv = torch.zeros(2, o.max_batch_size + scratch, k, dc.num_key_value_heads, dc.head_dim,
+                                   dtype=self.dtype, device=self.device) if self.kv_mode == "layer" else None
+        self.cuda_graphs = False
+        self._steps = self._static_steps(num_blocks) if self.static_steps else {}
         feature_dim = draft.feature_dim
         b = o.bootstrap if o.bootstrap is not None else torch.zeros(feature_dim)
         if tuple(b.shape) != (feature_dim,):
@@ -185,7 +191,21 @@ class SpeculativeModel:
         self._propose_hook = None
 
     RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
-                       "prefix_caching", "bootstrap", "num_blocks")
+                       "prefix_caching", "bootstrap", "num_blocks", "static_steps")
+
+    def _static_steps(self, scratch_block: int) -> dict:
+        """The draft step (1 row per sequence) and the verify (k+1 rows) over static buffers;
+        captured as CUDA graphs when on a GPU and every op of both graphs can be captured."""
+        o = self.options
+        eager_ops = (torch.ops.eagle_fx.cached_attention.default, torch.ops.eagle_fx.shared_cached_attention.default,
+                     torch.ops.eagle_fx.rowwise_linear.default)  # torch references that sync with the host
+        blocking = [n.target for name in ("base", "draft_step") for n in getattr(self.graphs, name).graph.nodes
+                    if n.op == "call_function" and n.target in eager_ops]
+        self.cuda_graphs = self.device.type == "cuda" and not blocking
+        common = dict(max_batch_size=o.max_batch_size, scratch_block=scratch_block, block_size=o.block_size,
+                      scratch_ring_row=o.max_batch_size, capture=self.cuda_graphs)
+        return {"draft_step": StaticStep(self._fns["draft_step"], self._inputs["draft_step"], 1, **common),
+                "verify": StaticStep(self._fns["base"], self._inputs["base"], o.num_spec_tokens + 1, **common)}
 
     def replace(self, **changes) -> "SpeculativeModel":
         """A model over the same captured graphs with other runtime options (k, batch, lengths; new pools)."""
@@ -321,6 +341,16 @@ class SpeculativeModel:
             inputs["spec_kv"] = self.spec_kv
         return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
 
+    def _step(self, name: str, n_seq: int, **inputs):
+        """The draft step or the verify: through its static buffers when static_steps is on."""
+        if name not in self._steps:
+            return self._call("base" if name == "verify" else name, **inputs)
+        inputs["draft_kv_pool"] = inputs.get("draft_kv_pool", self.draft_pool)
+        inputs["spec_kv"] = self.spec_kv
+        if name == "draft_step":
+            inputs["kv_pool"] = self.draft_pool
+        return self._steps[name](n_seq, **inputs)
+
     @property
     def draft_kv(self):
         """The K/V the draft attends to for cached positions: [2, blocks, block_size, kv_heads, head_dim]
@@ -331,7 +361,7 @@ class SpeculativeModel:
         """Bytes of KV memory: the base's layers, what the draft holds besides them, and the draft's
         bytes per cached token (0 when it reads a base layer: its ring does not grow with length)."""
         base = self.base_pool[:self.base_pool.shape[0] - (self.kv_mode == "pool")]
-        per_token = self.draft_kv.numel() * self.draft_kv.element_size() // (self.allocator.num_blocks * self.options.block_size)
+        per_token = self.draft_kv.numel() * self.draft_kv.element_size() // (self.draft_kv.shape[1] * self.options.block_size)
         if self.kv_mode == "layer":
             draft, per_token = self.spec_kv.numel() * self.spec_kv.element_size(), 0
         elif self.kv_mode == "pool":
@@ -454,7 +484,7 @@ class SpeculativeModel:
             t = clock()
             for j in range(1, k):
                 p_j = m - 1 + j + o
-                dl, h = self._call("draft_step", input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
+                dl, h = self._step("draft_step", A, input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
                                    next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
                                    slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt,
                                    spec_rows=srow, committed_len=m)
@@ -467,7 +497,7 @@ class SpeculativeModel:
             v_pos = (m[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
             v_seq = torch.repeat_interleave(one, k + 1)
             t = clock()
-            logits, feats = self._call("base", input_ids=v_ids[None], positions=v_pos[None],
+            logits, feats = self._step("verify", A, input_ids=v_ids[None], positions=v_pos[None],
                                        logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
                                        slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
                                        query_start_loc=ar[:A + 1] * (k + 1))

@@ -1,0 +1,133 @@
+"""Fixed-shape decode steps over static buffers, replayed as CUDA graphs on a GPU.
+
+The draft's one-token step and the base's (k+1)-token verify have the same shape every step
+except for the number of live sequences A. `StaticStep` pads A up to a bucket (powers of two up
+to max_batch_size) and keeps, per bucket, one set of input buffers that every call copies into:
+
+  per-token inputs  [A * rows] -> [bucket * rows]  padding rows: token 0, feature 0, positions
+                                                   0..rows-1 in the scratch block
+  per-sequence      [A]        -> [bucket]         padding sequences: the scratch block table row,
+                                                   the scratch ring row, committed 0
+  query_start_loc, logits_indices                  fixed: arange over the bucket
+  pools (kv_pool, spec_kv, draft_kv_pool)          passed as they are (persistent tensors)
+
+Padding sequences only write the scratch block (one block past the allocator's) and the scratch
+ring row, which nothing real reads. On CUDA each bucket's call is captured once into a
+torch.cuda.CUDAGraph and replayed (its outputs are static too: the caller gets views of them,
+valid until the next call of the same bucket). On the CPU the same buffers are used and the
+graph is simply called: the discipline is the same, without capture.
+"""
+from __future__ import annotations
+
+import torch
+
+PER_TOKEN = ("input_ids", "positions", "features", "slot_mapping")
+PER_SEQ = ("block_table", "spec_rows", "committed_len", "next_tokens", "carry_features")
+POOLS = ("kv_pool", "spec_kv", "draft_kv_pool")
+
+
+def buckets(max_batch_size: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch_size:
+        out.append(b)
+        b *= 2
+    return out + [max_batch_size]
+
+
+class StaticStep:
+    """One step graph at a fixed number of rows per sequence, over per-bucket static buffers."""
+
+    def __init__(self, fn, input_names: list[str], rows: int, max_batch_size: int, scratch_block: int,
+                 block_size: int, scratch_ring_row: int, capture: bool):
+        self.fn, self.names, self.rows = fn, list(input_names), rows
+        self.buckets = buckets(max_batch_size)
+        self.scratch_block, self.block_size, self.scratch_ring_row = scratch_block, block_size, scratch_ring_row
+        self.capture = capture
+        self.static: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> input buffers
+        self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static outputs)
+        if rows > block_size:
+            raise ValueError(f"a static step of {rows} rows per sequence needs block_size >= {rows}")
+
+    def bucket_for(self, n_seq: int) -> int:
+        for b in self.buckets:
+            if b >= n_seq:
+                return b
+        raise ValueError(f"{n_seq} sequences > max_batch_size {self.buckets[-1]}")
+
+    def _buffers(self, bucket: int, inputs: dict) -> dict:
+        if bucket in self.static:
+            return self.static[bucket]
+        r, T = self.rows, bucket * self.rows
+        bufs = {}
+        for name in self.names:
+            x = inputs[name]
+            if name in POOLS:
+                continue
+            if name in PER_TOKEN:
+                shape = (1, T) if name in ("input_ids", "positions") else (T, *x.shape[1:])
+                bufs[name] = torch.zeros(shape, dtype=x.dtype, device=x.device)
+            elif name in PER_SEQ:
+                bufs[name] = torch.zeros((bucket, *x.shape[1:]), dtype=x.dtype, device=x.device)
+            elif name == "query_start_loc":
+                bufs[name] = torch.arange(bucket + 1, dtype=x.dtype, device=x.device) * r
+            elif name == "logits_indices":
+                bufs[name] = torch.arange(T, dtype=x.dtype, device=x.device)
+            else:
+                raise ValueError(f"StaticStep: no padding rule for graph input {name!r}")
+        # what padding rows and sequences hold, to restore the tail after each call's copy
+        pad = {}
+        if "positions" in bufs:
+            pad["positions"] = (torch.arange(T, device=bufs["positions"].device) % r)[None]
+        if "slot_mapping" in bufs:
+            pad["slot_mapping"] = self.scratch_block * self.block_size + torch.arange(T, device=bufs["slot_mapping"].device) % r
+        if "block_table" in bufs:
+            pad["block_table"] = torch.full_like(bufs["block_table"], self.scratch_block)
+        if "spec_rows" in bufs:
+            pad["spec_rows"] = torch.full_like(bufs["spec_rows"], self.scratch_ring_row)
+        bufs["_pad"] = pad
+        self.static[bucket] = bufs
+        return bufs
+
+    def __call__(self, n_seq: int, **inputs):
+        bucket = self.bucket_for(n_seq)
+        bufs = self._buffers(bucket, inputs)
+        n_tok = n_seq * self.rows
+        for name, buf in bufs.items():
+            if name == "_pad" or name in ("query_start_loc", "logits_indices"):
+                continue
+            src = inputs[name]
+            if name in PER_TOKEN:
+                real = n_tok
+                if name in ("input_ids", "positions"):
+                    buf[:, :real].copy_(src)
+                else:
+                    buf[:real].copy_(src)
+            else:
+                real = n_seq
+                buf[:real].copy_(src)
+            pad = bufs["_pad"].get(name)
+            if name in ("input_ids", "positions"):
+                buf[:, real:].copy_(pad[:, real:]) if pad is not None else buf[:, real:].zero_()
+            else:
+                buf[real:].copy_(pad[real:]) if pad is not None else buf[real:].zero_()
+        args = {n: (inputs[n] if n in POOLS else bufs[n]) for n in self.names}
+        if self.capture:
+            outs = self._replay(bucket, args)
+        else:
+            outs = self.fn(**args)
+        return tuple(o[:n_tok] for o in outs)
+
+    def _replay(self, bucket: int, args: dict):
+        if bucket not in self.graphs:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                self.fn(**args)  # warm-up outside capture (allocator, autotuning)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = self.fn(**args)
+            self.graphs[bucket] = (graph, outs)
+        graph, outs = self.graphs[bucket]
+        graph.replay()
+        return outs

@@ -1,0 +1,78 @@
+"""backend="triton" end to end (interpreter) and the static-buffer discipline of the fixed-shape
+steps (draft step, verify), which on a GPU are replayed as CUDA graphs."""
+import pytest
+import torch
+
+import eagle_fx
+from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
+from eagle_fx.static_steps import buckets
+
+
+@pytest.mark.parametrize("arch,method", [("llama", "eagle"), ("qwen3", "eagle3")])
+def test_triton_backend_matches_hf(arch, method):
+    model = eagle_fx.compile(tiny_base(arch), tiny_draft(arch, method), backend="triton", max_batch_size=3,
+                             max_seq_len=48)
+    assert model.static_steps and not model.cuda_graphs  # CPU: static buffers, no capture
+    lowered = [line for line in model.graphs.pass_log if "lower_draft_prefill" in line]
+    assert len(lowered) == 4 and all("attention 1" in line or "attention 4" in line for line in lowered)
+    prompts = make_prompts(3)
+    assert model.generate(prompts, max_new_tokens=8).sequences == hf_greedy(arch, prompts, 8)
+
+
+def test_triton_backend_refused_without_a_way_to_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="backend='triton' cannot run here: .*CUDA device, or TRITON_INTERPRET=1"):
+        eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), backend="triton")
+
+
+class BufferLog:
+    """Records the data pointers of the static inputs each step call uses."""
+
+    def __init__(self, step):
+        self.step, self.seen = step, []
+        self._call = step.__call__
+        step.__call__ = None
+
+    def __call__(self, n_seq, **inputs):
+        out = self._call(n_seq, **inputs)
+        bucket = self.step.bucket_for(n_seq)
+        self.seen.append((bucket, {k: v.data_ptr() for k, v in self.step.static[bucket].items() if k != "_pad"}))
+        return out
+
+
+@pytest.mark.parametrize("kw", [{}, {"prefill_shift": True}, {"kv_share": -1}])
+def test_static_buffers_stable_and_padding_inert(kw):
+    """Across every step of a ragged batch (sequences finish at different times, so the batch
+    shrinks through buckets 5 -> 4 -> 2 -> 1): one buffer set per bucket, reused at the same
+    addresses; padding sequences write only the scratch block; output == HF greedy."""
+    from eagle_fx.drafts import new_draft
+
+    base = tiny_base("llama")
+    draft = new_draft(base, "eagle", seed=7, kv_share=kw.pop("kv_share", None))
+    model = eagle_fx.compile(base, draft, max_batch_size=5, max_seq_len=64, static_steps=True, **kw)
+    assert buckets(5) == [1, 2, 4, 5]
+    logs = {}
+    for name, step in model._steps.items():
+        log = BufferLog(step)
+        logs[name] = log
+        model._steps[name] = log
+    handed_out = set()
+    allocate = model.allocator.allocate
+    model.allocator.allocate = lambda n: handed_out.update(b := allocate(n)) or b
+    prompts = make_prompts(5, seed=2, lengths=(3, 9, 5, 14, 2))
+    eos = hf_greedy("llama", prompts, 16)[0][4]
+    out = model.generate(prompts, max_new_tokens=16, eos_token_id=eos)
+    assert out.sequences == hf_greedy("llama", prompts, 16, eos)
+    for name, log in logs.items():
+        used = sorted({b for b, _ in log.seen})
+        assert len(used) >= 2, used  # the batch shrank through buckets
+        for b in used:
+            ptrs = [p for bb, p in log.seen if bb == b]
+            assert all(p == ptrs[0] for p in ptrs), f"{name}: bucket {b} reallocated its buffers"
+        assert set(log.step.static) == set(used)
+    scratch = model.allocator.num_blocks  # one block past the allocator's
+    pool = model.base_pool
+    assert pool.shape[2] == scratch + 1
+    never = sorted(set(range(scratch)) - handed_out)
+    assert never and pool[:, :, never].abs().sum() == 0  # padding wrote no real block
+    assert pool[:, :, scratch].abs().sum() > 0  # it wrote the scratch block
