@@ -341,6 +341,12 @@ class SpeculativeModel:
             inputs["spec_kv"] = self.spec_kv
         return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
 
+    def _clock(self) -> float:
+        """perf_counter, after the device's queued work: exact step timings on a GPU too."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def _step(self, name: str, n_seq: int, **inputs):
         """The draft step or the verify: through its static buffers when static_steps is on."""
         if name not in self._steps:
@@ -387,7 +393,7 @@ class SpeculativeModel:
         pending = torch.zeros(B, **long)
         last_feats = carry.clone()
         dlogits = dhidden = None
-        clock = time.perf_counter
+        clock = self._clock
         while True:
             sel = [s for s in range(B) if pos0[s] < lens[s]]
             if not sel:
@@ -447,7 +453,7 @@ class SpeculativeModel:
         o = 0 if self.options.prefill_shift else 1  # draft position offset: unshifted slot p holds t_p
         B = len(prompts)
         long = dict(dtype=torch.long, device=dev)
-        clock = time.perf_counter
+        clock = self._clock
         pending, last_feats, dlogits, dhidden = self._prefill(prompts, block_table, stats, start, carry)
         outputs: list[list[int]] = [[] for _ in range(B)]
         contexts = [list(p) for p in prompts]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU check (one H200 session, under 8 minutes): the accelerator tests, then the GPU bench.
+# Writes everything under $OUT (default ./gpu_check_out). Run from the repository root:
+#     OUT=/tmp/out bash bench/gpu_check.sh
+set -uo pipefail
+OUT=${OUT:-gpu_check_out}
+mkdir -p "$OUT"
+export TRITON_INTERPRET=0   # compiled kernels, not the CPU interpreter the CPU tests use
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} > "$OUT/machine.txt" 2>&1
+pip install -q -e ".[test]" > "$OUT/install.log" 2>&1 || echo "install failed (see install.log)" >> "$OUT/machine.txt"
+timeout 240 python -m pytest -q -rs tests/test_accelerator.py > "$OUT/tests.log" 2>&1
+echo "tests rc=$?" >> "$OUT/tests.log"
+timeout 300 python bench/gpu_bench.py --out "$OUT/gpu_bench.json" > "$OUT/gpu_bench.txt" 2>&1
+echo "bench rc=$?" >> "$OUT/gpu_bench.txt"
+tail -n 3 "$OUT/tests.log"; cat "$OUT/gpu_bench.txt"

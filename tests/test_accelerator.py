@@ -1,0 +1,62 @@
+"""On an accelerator (run by bench/gpu_check.sh with TRITON_INTERPRET=0): the Triton kernels
+compiled for the device, and backend="triton" with CUDA graphs, against the same oracles.
+Skipped, with the reason, on machines without one (and under the CPU interpreter)."""
+import os
+
+import pytest
+import torch
+
+import eagle_fx
+from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
+
+ACCEL = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+pytestmark = [
+    pytest.mark.skipif(ACCEL is None, reason="no accelerator on this machine (bench/gpu_check.sh runs these on a GPU)"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="TRITON_INTERPRET=1: kernels would run in the CPU interpreter; run with TRITON_INTERPRET=0"),
+]
+
+
+def test_kernels_bf16_on_device():
+    from eagle_fx.ops.canonical import cached_attention_ref
+    from eagle_fx.ops.triton import load_kernels
+
+    load_kernels()
+    from eagle_fx.ops.triton import norms, paged_attention, swiglu
+
+    g = torch.Generator().manual_seed(0)
+    x, r = (torch.randn(7, 100, generator=g).to(ACCEL, torch.bfloat16) for _ in range(2))
+    w = torch.randn(100, generator=g).to(ACCEL, torch.bfloat16)
+    y, s = norms.add_rmsnorm(x, r, w, 1e-6)
+    y_ref, s_ref = norms.add_rmsnorm_ref(x, r, w, 1e-6)
+    assert torch.equal(s, s_ref)  # rounded to nearest on the device, like eager
+    torch.testing.assert_close(y, y_ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(swiglu.swiglu(x, r), swiglu.swiglu_ref(x, r), rtol=2e-2, atol=2e-2)
+    pool = torch.randn(1, 2, 9, 16, 2, 64, generator=g).to(ACCEL, torch.bfloat16)
+    pool_ref = pool.clone()
+    T = 20
+    q = torch.randn(1, 8, T, 64, generator=g).to(ACCEL, torch.bfloat16)
+    k, v = (torch.randn(1, 2, T, 64, generator=g).to(ACCEL, torch.bfloat16) for _ in range(2))
+    qsl = torch.tensor([0, 17, 20], device=ACCEL)
+    pos = torch.cat([torch.arange(17), torch.arange(30, 33)]).to(ACCEL)[None]
+    bt = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], device=ACCEL)
+    seq = torch.repeat_interleave(torch.arange(2, device=ACCEL), torch.tensor([17, 3], device=ACCEL))
+    slots = bt[seq, pos[0] // 16] * 16 + pos[0] % 16
+    for window in (0, 5):
+        ref = cached_attention_ref(q, k, v, pool_ref, 0, slots, bt, qsl, pos, 0.125, window)
+        got = paged_attention.cached_attention(q, k, v, pool, 0, slots, bt, qsl, pos, 0.125, window)
+        torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    assert torch.equal(pool, pool_ref)
+
+
+@pytest.mark.parametrize("arch,method", [("llama", "eagle"), ("qwen3", "eagle3")])
+def test_triton_backend_with_cuda_graphs_matches_hf(arch, method):
+    base, draft = tiny_base(arch).to(ACCEL), tiny_draft(arch, method).to(ACCEL)
+    try:
+        model = eagle_fx.compile(base, draft, backend="triton", max_batch_size=3, max_seq_len=64)
+        assert model.cuda_graphs == (ACCEL.type == "cuda")
+        prompts = make_prompts(3)
+        out = model.generate(prompts, max_new_tokens=16)
+    finally:
+        base.to("cpu"), draft.to("cpu")
+    assert out.sequences == hf_greedy(arch, prompts, 16)
