@@ -25,7 +25,7 @@ from eagle_fx.capture import StepGraphs
 from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept
-from eagle_fx.static_steps import StaticStep
+from eagle_fx.static_steps import StaticPrefill, StaticStep
 
 
 @dataclass
@@ -199,13 +199,18 @@ class SpeculativeModel:
         o = self.options
         eager_ops = (torch.ops.eagle_fx.cached_attention.default, torch.ops.eagle_fx.shared_cached_attention.default,
                      torch.ops.eagle_fx.rowwise_linear.default)  # torch references that sync with the host
-        blocking = [n.target for name in ("base", "draft_step") for n in getattr(self.graphs, name).graph.nodes
+        blocking = [n.target for name in ("base", "draft_step", "draft_prefill") for n in getattr(self.graphs, name).graph.nodes
                     if n.op == "call_function" and n.target in eager_ops]
         self.cuda_graphs = self.device.type == "cuda" and not blocking
         common = dict(max_batch_size=o.max_batch_size, scratch_block=scratch_block, block_size=o.block_size,
                       scratch_ring_row=o.max_batch_size, capture=self.cuda_graphs)
+        max_tokens = (o.prefill_chunk_size or o.max_seq_len) * o.max_batch_size
         return {"draft_step": StaticStep(self._fns["draft_step"], self._inputs["draft_step"], 1, **common),
-                "verify": StaticStep(self._fns["base"], self._inputs["base"], o.num_spec_tokens + 1, **common)}
+                "verify": StaticStep(self._fns["base"], self._inputs["base"], o.num_spec_tokens + 1, **common),
+                "base": StaticPrefill(self._fns["base"], self._inputs["base"], ("seqs", "tokens"),
+                                      max_tokens=max_tokens, **common),
+                "draft_prefill": StaticPrefill(self._fns["draft_prefill"], self._inputs["draft_prefill"], ("seqs", "seqs"),
+                                               max_tokens=max_tokens, **common)}
 
     def replace(self, **changes) -> "SpeculativeModel":
         """A model over the same captured graphs with other runtime options (k, batch, lengths; new pools)."""
@@ -347,6 +352,15 @@ class SpeculativeModel:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    def _prefill_call(self, name: str, **inputs):
+        """A base or draft prefill call: through its length-bucketed static buffers when static_steps is on."""
+        if name not in self._steps:
+            return self._call(name, **inputs)
+        if name != "base":
+            inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
+            inputs["spec_kv"] = self.spec_kv
+        return self._steps[name](**{k: inputs[k] for k in self._inputs[name]})
+
     def _step(self, name: str, n_seq: int, **inputs):
         """The draft step or the verify: through its static buffers when static_steps is on."""
         if name not in self._steps:
@@ -409,7 +423,7 @@ class SpeculativeModel:
             slots = slot_mapping(bt, seq, pos, bs)
             last = qsl[1:] - 1
             t = clock()
-            logits, feats = self._call("base", input_ids=ids[None], positions=pos[None], logits_indices=last,
+            logits, feats = self._prefill_call("base", input_ids=ids[None], positions=pos[None], logits_indices=last,
                                        kv_pool=self.base_pool, slot_mapping=slots, block_table=bt, query_start_loc=qsl)
             final = [c == lens[s] for s, (a, c) in zip(sel, spans)]
             sampled = greedy(logits)
@@ -421,7 +435,7 @@ class SpeculativeModel:
             sel_t = torch.tensor(sel, **long)
             ends = torch.tensor([c for a, c in spans], **long)
             t_draft = clock()
-            dl, dh = self._call("draft_prefill", input_ids=ids[None], positions=pos[None], features=feats,
+            dl, dh = self._prefill_call("draft_prefill", input_ids=ids[None], positions=pos[None], features=feats,
                                 logits_indices=last, next_tokens=next_tokens, carry_features=carry[sel_t],
                                 query_start_loc=qsl, kv_pool=self.draft_pool, slot_mapping=slots, block_table=bt,
                                 spec_rows=sel_t, committed_len=ends)

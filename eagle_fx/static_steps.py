@@ -1,4 +1,4 @@
-"""Fixed-shape decode steps over static buffers, replayed as CUDA graphs on a GPU.
+"""Decode steps and prefills over static buffers, replayed as CUDA graphs on a GPU.
 
 The draft's one-token step and the base's (k+1)-token verify have the same shape every step
 except for the number of live sequences A. `StaticStep` pads A up to a bucket (powers of two up
@@ -15,7 +15,8 @@ Padding sequences only write the scratch block (one block past the allocator's) 
 ring row, which nothing real reads. On CUDA each bucket's call is captured once into a
 torch.cuda.CUDAGraph and replayed (its outputs are static too: the caller gets views of them,
 valid until the next call of the same bucket). On the CPU the same buffers are used and the
-graph is simply called: the discipline is the same, without capture.
+graph is simply called: the discipline is the same, without capture. `StaticPrefill` does the
+same for the prefill graphs, bucketed by batch and by token count.
 """
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ class StaticStep:
             outs = self.fn(**args)
         return tuple(o[:n_tok] for o in outs)
 
-    def _replay(self, bucket: int, args: dict):
+    def _replay(self, bucket, args: dict):
         if bucket not in self.graphs:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -131,3 +132,92 @@ class StaticStep:
         graph, outs = self.graphs[bucket]
         graph.replay()
         return outs
+
+
+class StaticPrefill:
+    """A prefill graph (base or draft) over static buffers, bucketed by batch and token count.
+
+    B ragged sequences of T tokens in all become Bb + 1 sequences of Tb tokens (Bb the batch
+    bucket, Tb the power of two >= T + Bb - B + 1, at least 16): the Bb - B filler sequences hold
+    one token each and one last padding sequence the rest, all at positions 0.. in the scratch
+    block. Every sequence keeps at least one token, so per-sequence index_puts (the carried
+    feature of the unshifted draft prefill) never collide. `outputs` names, per graph output,
+    whether it has a row per logits index ("seqs") or per token ("tokens").
+    """
+
+    def __init__(self, fn, input_names: list[str], outputs: tuple[str, ...], max_batch_size: int, max_tokens: int,
+                 scratch_block: int, block_size: int, scratch_ring_row: int, capture: bool):
+        self.fn, self.names, self.outputs = fn, list(input_names), outputs
+        self.batch_buckets = buckets(max_batch_size)
+        self.max_tokens = max(16, 1 << (max_tokens - 1).bit_length())
+        self.scratch_block, self.block_size, self.scratch_ring_row = scratch_block, block_size, scratch_ring_row
+        self.capture = capture
+        self.static: dict[tuple[int, int], dict] = {}
+        self.graphs: dict[tuple[int, int], tuple] = {}
+
+    def bucket_for(self, n_seq: int, n_tok: int) -> tuple[int, int]:
+        bb = next(b for b in self.batch_buckets if b >= n_seq)
+        tb = max(16, 1 << (n_tok + bb - n_seq).bit_length())  # >= n_tok + fillers + 1
+        return bb, tb
+
+    def __call__(self, **inputs):
+        qsl = inputs["query_start_loc"]
+        n_seq, n_tok = qsl.shape[0] - 1, inputs["positions"].shape[1]
+        bb, tb = self.bucket_for(n_seq, n_tok)
+        if tb > self.max_tokens:  # longer than any bucket: run as is
+            return self.fn(**{n: inputs[n] for n in self.names})
+        bufs = self._buffers(bb, tb, inputs)
+        dev = qsl.device
+        fillers = bb - n_seq
+        # padding layout: fillers of one token, then the last padding sequence
+        pad_lens = torch.ones(fillers + 1, dtype=torch.long, device=dev)
+        pad_lens[-1] = tb - n_tok - fillers
+        pad_pos = torch.arange(tb - n_tok, device=dev) - torch.repeat_interleave(
+            torch.cumsum(pad_lens, 0) - pad_lens, pad_lens)
+        for name, buf in bufs.items():
+            src = inputs[name]
+            if name in ("input_ids", "positions"):
+                buf[:, :n_tok].copy_(src)
+                buf[:, n_tok:].copy_(pad_pos[None]) if name == "positions" else buf[:, n_tok:].zero_()
+            elif name in ("features", "slot_mapping"):
+                buf[:n_tok].copy_(src)
+                if name == "slot_mapping":
+                    buf[n_tok:].copy_(self.scratch_block * self.block_size + pad_pos % self.block_size)
+                else:
+                    buf[n_tok:].zero_()
+            elif name == "query_start_loc":
+                buf[:n_seq + 1].copy_(src)
+                buf[n_seq + 1:].copy_(n_tok + torch.cumsum(pad_lens, 0))
+            elif name == "logits_indices":
+                buf[:n_seq].copy_(src)
+                buf[n_seq:].copy_(n_tok + torch.cumsum(pad_lens, 0) - 1)
+            else:  # per sequence
+                buf[:n_seq].copy_(src)
+                fill = {"block_table": self.scratch_block, "spec_rows": self.scratch_ring_row,
+                        "committed_len": 1 << 30}.get(name, 0)  # padding: all committed, nothing to write
+                buf[n_seq:].fill_(fill)
+        args = {n: (inputs[n] if n in POOLS else bufs[n]) for n in self.names}
+        outs = self._replay((bb, tb), args) if self.capture else self.fn(**args)
+        return tuple(o[:n_seq] if kind == "seqs" else o[:n_tok] for o, kind in zip(outs, self.outputs))
+
+    def _buffers(self, bb: int, tb: int, inputs: dict) -> dict:
+        key = (bb, tb)
+        if key not in self.static:
+            bufs = {}
+            for name in self.names:
+                if name in POOLS:
+                    continue
+                x = inputs[name]
+                if name in ("input_ids", "positions"):
+                    shape = (1, tb)
+                elif name in ("features", "slot_mapping"):
+                    shape = (tb, *x.shape[1:])
+                elif name == "query_start_loc":
+                    shape = (bb + 2,)
+                else:  # per sequence, and logits_indices (one per sequence)
+                    shape = (bb + 1, *x.shape[1:])
+                bufs[name] = torch.zeros(shape, dtype=x.dtype, device=x.device)
+            self.static[key] = bufs
+        return self.static[key]
+
+    _replay = StaticStep._replay

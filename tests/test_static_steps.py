@@ -76,3 +76,27 @@ def test_static_buffers_stable_and_padding_inert(kw):
     never = sorted(set(range(scratch)) - handed_out)
     assert never and pool[:, :, never].abs().sum() == 0  # padding wrote no real block
     assert pool[:, :, scratch].abs().sum() > 0  # it wrote the scratch block
+
+
+@pytest.mark.parametrize("kw", [{}, {"prefill_chunk_size": 5, "prefix_caching": True}, {"prefill_shift": True},
+                                {"kv_share": 1, "prefill_chunk_size": 7}])
+def test_static_prefill_buckets(kw):
+    """Prefill over (batch, token) buckets: same output as HF, same KV as the unbucketed run
+    (padding rows change only GEMM row counts), one buffer set per bucket used."""
+    from eagle_fx.drafts import new_draft
+
+    base = tiny_base("llama")
+    draft = new_draft(base, "eagle", seed=7, kv_share=kw.pop("kv_share", None))
+    prompts = make_prompts(4, seed=6, lengths=(3, 21, 9, 17))
+    prompts = prompts + [p + [1, 2] for p in prompts]  # wave 2 re-uses wave 1's blocks with prefix caching
+    runs = {}
+    for static in (False, True):
+        model = eagle_fx.compile(base, draft, max_batch_size=4, max_seq_len=64, static_steps=static, **kw)
+        runs[static] = (model, model.generate(prompts, max_new_tokens=10))
+    model, out = runs[True]
+    assert out.sequences == hf_greedy("llama", prompts, 10) == runs[False][1].sequences
+    n = model.allocator.num_blocks
+    torch.testing.assert_close(model.base_pool[:, :, :n], runs[False][0].base_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.draft_pool[:, :, :n], runs[False][0].draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    used = {name: set(step.static) for name, step in model._steps.items()}
+    assert used["base"] and all(tb >= 16 and (tb & (tb - 1)) == 0 for _, tb in used["base"])
