@@ -9,11 +9,11 @@ from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
 from eagle_fx.options import Options
-from eagle_fx.runtime import SpeculativeModel
+from eagle_fx.runtime import PairSpec, SpeculativeModel
 
 log = logging.getLogger("eagle_fx")
 
-__all__ = ["compile", "export", "load_draft"]
+__all__ = ["compile", "load_draft"]
 
 
 def _check_pair(base, draft) -> None:
@@ -125,11 +125,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                      lower=options.backend == "triton")
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
-    model = SpeculativeModel(graphs, callables, options, base, draft)
+    model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer))
     if options.backend == "inductor":
         model.warmup()  # compile every shape class now, not inside the first generate
     return model
 
-
-def export(model, out_dir, target: str = "exported_program"):
-    raise NotImplementedError("eagle_fx.export comes with the deployment-export issue")

@@ -187,9 +187,9 @@ def _draft_prefill_cost(model, prompt: list[int], reps: int) -> dict:
 
     fresh._call = count  # this throw-away copy only
     fresh.generate([prompt], max_new_tokens=1, eos_token_id=None)
-    n, c = len(prompt), model.draft_config
+    n, spec = len(prompt), model.spec
     pairs = n if model.kv_mode == "layer" else n * (n + 1) // 2  # one query row vs every row, causal
-    attn = 4 * c.num_attention_heads * c.head_dim * pairs
+    attn = 4 * spec.draft_heads * spec.draft_head_dim * pairs
     return {"seconds": secs / reps, "flops": counted["matmul"] + attn, "matmul_flops": counted["matmul"], "attention_flops": attn}
 
 

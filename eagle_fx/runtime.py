@@ -130,26 +130,63 @@ def _ids_list(x) -> list:
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
 
 
+@dataclass(frozen=True)
+class PairSpec:
+    """What the runtime needs to know about the base + draft pair besides the step graphs (so a
+    pair loaded from exported graphs runs without the original modules)."""
+
+    vocab_size: int
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    eos: tuple[int, ...]
+    device: torch.device
+    dtype: torch.dtype
+    draft_method: str
+    draft_kv_heads: int
+    draft_heads: int
+    draft_head_dim: int
+    draft_hidden_size: int
+    feature_dim: int
+    kv_share_layer: int | None  # the base layer a KV-sharing draft reads (when compiled so)
+    d2t: torch.Tensor | None = None  # EAGLE-3: target id = draft id + d2t[draft id]
+
+    @classmethod
+    def from_pair(cls, base, draft, kv_share_layer: int | None = None) -> "PairSpec":
+        bc, dc = base.config.get_text_config(), draft.config
+        p = next(base.parameters())
+        eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
+        eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        kvh, head_dim = base_kv_shape(base)
+        d2t = getattr(draft, "d2t", None)
+        return cls(bc.vocab_size, bc.num_hidden_layers, kvh, head_dim, eos, p.device, p.dtype, draft.method,
+                   dc.num_key_value_heads, dc.num_attention_heads, dc.head_dim, dc.hidden_size, draft.feature_dim,
+                   kv_share_layer, None if d2t is None else d2t.detach().clone())
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
+
+
 class SpeculativeModel:
     """A base + EAGLE draft pair captured as step graphs over paged KV pools.
 
     More prompts than `max_batch_size` are run in waves of at most `max_batch_size` sequences.
+    `graphs` (the GraphModules, with their pass log) is None for a pair loaded from exported files.
     """
 
-    def __init__(self, graphs: StepGraphs, callables: dict, options: Options, base, draft):
-        self._init_args = (graphs, callables, base, draft)
+    def __init__(self, graphs: StepGraphs | None, callables: dict, options: Options, spec: PairSpec,
+                 input_names: dict[str, list[str]] | None = None):
+        self._init_args = (graphs, callables, spec, input_names)
         self.graphs = graphs
         self.options = options
+        self.spec = spec
         self._fns = callables
-        self._inputs = {name: [n.target for n in getattr(graphs, name).graph.nodes if n.op == "placeholder"]
-                        for name in callables}
-        bc = base.config.get_text_config()
-        p = next(base.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        self.vocab_size = bc.vocab_size
-        self._to_target = draft.to_target  # EAGLE-3: draft vocab id -> target id (d2t); EAGLE-1: identity
-        eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
-        self.default_eos = set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
+        self._inputs = input_names or {name: [n.target for n in getattr(graphs, name).graph.nodes if n.op == "placeholder"]
+                                       for name in callables}
+        self.device, self.dtype = spec.device, spec.dtype
+        self.vocab_size = spec.vocab_size
+        self._to_target = spec.to_target  # EAGLE-3: draft vocab id -> target id (d2t); EAGLE-1: identity
+        self.default_eos = set(spec.eos)
         o = options
         k = o.num_spec_tokens
         self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
@@ -158,34 +195,29 @@ class SpeculativeModel:
         # static steps pad the batch with sequences that live in one scratch block past the allocator's
         self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton"
         scratch = int(self.static_steps)
-        kvh, head_dim = base_kv_shape(base)
-        dc = draft.config
         inputs = self._inputs["draft_step"]
         # kv_mode: "layer" (kv_share=LAYER: the draft reads base layer `draft_layer`, and keeps only its
         # speculated positions in the spec_kv ring), "pool" (its KV is layer L of the base's pool), or
         # "own" (a pool of its own)
         self.kv_mode = "layer" if "spec_kv" in inputs else "own" if "draft_kv_pool" in inputs else "pool"
         self.kv_aliased = self.kv_mode != "own"
-        self.base_pool = new_kv_pool(bc.num_hidden_layers + (self.kv_mode == "pool"), num_blocks + scratch, o.block_size,
-                                     kvh, head_dim, self.dtype, self.device)
+        L = spec.num_layers
+        self.base_pool = new_kv_pool(L + (self.kv_mode == "pool"), num_blocks + scratch, o.block_size,
+                                     spec.kv_heads, spec.head_dim, self.dtype, self.device)
         self.draft_pool = self.base_pool if self.kv_aliased else new_kv_pool(
-            1, num_blocks + scratch, o.block_size, dc.num_key_value_heads, dc.head_dim, self.dtype, self.device)
-        self.draft_layer = {"own": 0, "pool": bc.num_hidden_layers}.get(self.kv_mode, draft.kv_share_layer)
-        if self.kv_mode == "layer":
-            self.draft_layer = next(n.args[4] for n in graphs.draft_step.graph.nodes
-                                    if n.target == torch.ops.eagle_fx.shared_cached_attention.default)
+            1, num_blocks + scratch, o.block_size, spec.draft_kv_heads, spec.draft_head_dim, self.dtype, self.device)
+        self.draft_layer = {"own": 0, "pool": L, "layer": spec.kv_share_layer}[self.kv_mode]
         # a sharing draft's own K/V: the k speculated positions (bonus + k-1 steps) of each sequence
-        self.spec_kv = torch.zeros(2, o.max_batch_size + scratch, k, dc.num_key_value_heads, dc.head_dim,
+        self.spec_kv = torch.zeros(2, o.max_batch_size + scratch, k, spec.draft_kv_heads, spec.draft_head_dim,
                                    dtype=self.dtype, device=self.device) if self.kv_mode == "layer" else None
         self.cuda_graphs = False
         self._steps = self._static_steps(num_blocks) if self.static_steps else {}
-        feature_dim = draft.feature_dim
+        feature_dim = spec.feature_dim
         b = o.bootstrap if o.bootstrap is not None else torch.zeros(feature_dim)
         if tuple(b.shape) != (feature_dim,):
             raise ValueError(f"bootstrap must be a [{feature_dim}] feature vector (the draft's input feature size), got {tuple(b.shape)}")
         self.bootstrap = b.to(device=self.device, dtype=self.dtype)[None]
-        self.draft_hidden_size = dc.hidden_size
-        self.draft_config = dc
+        self.draft_hidden_size = spec.draft_hidden_size
         self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
@@ -199,8 +231,9 @@ class SpeculativeModel:
         o = self.options
         eager_ops = (torch.ops.eagle_fx.cached_attention.default, torch.ops.eagle_fx.shared_cached_attention.default,
                      torch.ops.eagle_fx.rowwise_linear.default)  # torch references that sync with the host
-        blocking = [n.target for name in ("base", "draft_step", "draft_prefill") for n in getattr(self.graphs, name).graph.nodes
-                    if n.op == "call_function" and n.target in eager_ops]
+        blocking = self.graphs is None or any(
+            n.op == "call_function" and n.target in eager_ops
+            for name in ("base", "draft_step", "draft_prefill") for n in getattr(self.graphs, name).graph.nodes)
         self.cuda_graphs = self.device.type == "cuda" and not blocking
         common = dict(max_batch_size=o.max_batch_size, scratch_block=scratch_block, block_size=o.block_size,
                       scratch_ring_row=o.max_batch_size, capture=self.cuda_graphs)
@@ -220,8 +253,8 @@ class SpeculativeModel:
         bad = sorted(set(changes) - set(self.RUNTIME_OPTIONS))
         if bad:
             raise ValueError(f"replace() takes {self.RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
-        graphs, callables, base, draft = self._init_args
-        return SpeculativeModel(graphs, callables, dataclasses.replace(self.options, **changes), base, draft)
+        graphs, callables, spec, input_names = self._init_args
+        return SpeculativeModel(graphs, callables, dataclasses.replace(self.options, **changes), spec, input_names)
 
     @property
     def num_spec_tokens(self) -> int:
@@ -567,28 +600,35 @@ class SpeculativeModel:
         self.replace()._run_warmup()
 
     def _run_warmup(self) -> None:
+        for lens in ([1], [3], [1, 1], [2, 3]):
+            for name in self._fns:
+                for all_logits in ((False, True) if name == "base" else (False,)):
+                    self._call(name, **self.example_inputs(name, lens, all_logits))
+
+    def example_inputs(self, name: str, lens: list[int], all_logits: bool = False) -> dict:
+        """Inputs for step graph `name` on sequences of `lens` tokens at positions 0.. (zeros for
+        tokens and features), on this model's pools: for warm-up and export. all_logits: logits
+        at every token (a verify), else at each sequence's last token."""
         dev = self.device
         long = dict(dtype=torch.long, device=dev)
         bs = self.options.block_size
         feat = {"base": 0, "draft_prefill": self.bootstrap.shape[-1], "draft_extend": self.bootstrap.shape[-1],
-                "draft_step": self.draft_hidden_size}
-        for lens in ([1], [3], [1, 1], [2, 3]):
-            B, T = len(lens), sum(lens)
-            qsl = torch.tensor([0] + lens, **long).cumsum(0)
-            pos = torch.cat([torch.arange(n, **long) for n in lens])
-            seq = torch.repeat_interleave(torch.arange(B, **long), torch.tensor(lens, **long))
-            bt = torch.arange(B * self.blocks_per_seq, **long).view(B, -1) % self.allocator.num_blocks
-            for name in self._fns:
-                for n_logits in ({B, T} if name == "base" else {B}):
-                    pool = self.base_pool if name == "base" else self.draft_pool
-                    self._call(name, input_ids=torch.zeros(1, T, **long), positions=pos[None],
-                               logits_indices=torch.arange(n_logits, **long) if n_logits == T else qsl[1:] - 1,
-                               features=torch.zeros(T, feat[name], device=dev, dtype=self.dtype),
-                               carry_features=torch.zeros(B, feat[name], device=dev, dtype=self.dtype),
-                               next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool,
-                               slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
-                               spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
-                               committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"))
+                "draft_step": self.draft_hidden_size}[name]
+        B, T = len(lens), sum(lens)
+        qsl = torch.tensor([0] + list(lens), **long).cumsum(0)
+        pos = torch.cat([torch.arange(n, **long) for n in lens])
+        seq = torch.repeat_interleave(torch.arange(B, **long), torch.tensor(lens, **long))
+        bt = torch.arange(B * self.blocks_per_seq, **long).view(B, -1) % self.allocator.num_blocks
+        pool = self.base_pool if name == "base" else self.draft_pool
+        kw = dict(input_ids=torch.zeros(1, T, **long), positions=pos[None],
+                  logits_indices=torch.arange(T, **long) if all_logits else qsl[1:] - 1,
+                  features=torch.zeros(T, feat, device=dev, dtype=self.dtype),
+                  carry_features=torch.zeros(B, feat, device=dev, dtype=self.dtype),
+                  next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool, draft_kv_pool=pool,
+                  spec_kv=self.spec_kv, slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
+                  spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
+                  committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"))
+        return {k: kw[k] for k in self._inputs[name]}
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:
         """Remember the base feature at each block's last position: the carry for a prefix hit."""

@@ -1,0 +1,156 @@
+"""Deployment export: the four step graphs as files, and a SpeculativeModel loaded back from them.
+
+    eagle_fx.export(model, out_dir, target="exported_program" | "aoti" | "tensorrt")
+    model = eagle_fx.load_exported(out_dir)
+
+Each step graph (base, draft_prefill, draft_extend, draft_step), after every eagle_fx pass, is
+exported again with torch.export (token, sequence and pool sizes dynamic) and written as
+
+  exported_program  OUT/<graph>.pt2          torch.export.save; runs anywhere torch runs
+  aoti              OUT/<graph>.aoti.pt2     AOTInductor package (compiled C++/CUDA; CPU works)
+  tensorrt          OUT/<graph>.trt.pt2      torch_tensorrt.dynamo.compile of the ExportedProgram,
+                                             saved by torch_tensorrt.save (needs CUDA + torch_tensorrt;
+                                             the eagle_fx ops run as PyTorch fallbacks)
+
+plus OUT/manifest.json (graph files and inputs, the pair's shapes, k, cache layout, draft method,
+prefill scheme, KV-sharing mode, eagle_fx and torch versions) and OUT/tensors.pt (EAGLE-3's d2t
+and the bootstrap feature). The KV pools are inputs of the graphs, not state in them: the loaded
+model allocates its own, laid out as the manifest says.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+import eagle_fx
+from eagle_fx.options import Options
+from eagle_fx.runtime import PairSpec, SpeculativeModel
+
+TARGETS = ("exported_program", "aoti", "tensorrt")
+GRAPHS = ("base", "draft_prefill", "draft_extend", "draft_step")
+SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
+FORMAT = 1
+
+
+class ExportError(ValueError):
+    pass
+
+
+def _dynamic_shapes(names: list[str]) -> dict:
+    """Every token, sequence and pool-size dimension dynamic (export infers how they relate)."""
+    auto = torch.export.Dim.AUTO
+    dims = {"input_ids": {1: auto}, "positions": {1: auto}, "features": {0: auto}, "slot_mapping": {0: auto},
+            "logits_indices": {0: auto}, "next_tokens": {0: auto}, "carry_features": {0: auto},
+            "query_start_loc": {0: auto}, "block_table": {0: auto, 1: auto}, "spec_rows": {0: auto},
+            "committed_len": {0: auto}, "kv_pool": {2: auto}, "draft_kv_pool": {2: auto}, "spec_kv": {1: auto, 2: auto}}
+    return {n: dims.get(n) for n in names}
+
+
+def _torch_tensorrt():
+    try:
+        import torch_tensorrt
+    except Exception as e:  # ImportError, or its CUDA libraries failing to load
+        raise ExportError(f"target='tensorrt' needs torch_tensorrt, which does not import here ({type(e).__name__}: "
+                          f"{e}); install torch-tensorrt on a machine with CUDA and TensorRT") from None
+    return torch_tensorrt
+
+
+def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -> Path:
+    """Write `model`'s step graphs for `target` and a manifest to out_dir; returns out_dir."""
+    if target not in TARGETS:
+        raise ExportError(f"target must be one of {TARGETS}, got {target!r}")
+    if not isinstance(model, SpeculativeModel) or model.graphs is None:
+        raise ExportError("export takes a model from eagle_fx.compile (a loaded model has no graphs to export)")
+    trt = _torch_tensorrt() if target == "tensorrt" else None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name in GRAPHS:
+        gm = getattr(model.graphs, name)
+        names = model._inputs[name]
+        example = model.replace().example_inputs(name, [2, 3])  # scratch pools: this model's KV is untouched
+        # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
+        with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+            ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=_dynamic_shapes(names), strict=False)
+        path = out / f"{name}{SUFFIX[target]}"
+        if target == "exported_program":
+            torch.export.save(ep, path)
+        elif target == "aoti":
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
+        else:
+            compiled = trt.dynamo.compile(ep, arg_inputs=(), kwarg_inputs=example, min_block_size=1)
+            trt.save(compiled, str(path), output_format="exported_program", arg_inputs=(), kwarg_inputs=example)
+        files[name] = {"file": path.name, "inputs": names}
+    spec = model.spec
+    torch.save({"d2t": spec.d2t, "bootstrap": model.options.bootstrap}, out / "tensors.pt")
+    o = model.options
+    manifest = {
+        "format": FORMAT,
+        "eagle_fx_version": eagle_fx.__version__,
+        "torch_version": torch.__version__,
+        "target": target,
+        "graphs": files,
+        "pair": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in ("d2t", "device", "dtype")}
+        | {"dtype": str(spec.dtype).removeprefix("torch."), "device": spec.device.type},
+        "options": {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "bootstrap"},
+        "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "kv_mode": model.kv_mode,
+                         "pool_layers": int(model.base_pool.shape[0]), "draft_layer": model.draft_layer,
+                         "spec_kv": "[2, max_batch_size (+1 scratch), k, kv_heads, head_dim]" if model.spec_kv is not None else None},
+        "draft_method": spec.draft_method,
+        "num_spec_tokens": o.num_spec_tokens,
+        "prefill_shift": o.prefill_shift,
+        "kv_share": {"own": None, "pool": "pool", "layer": spec.kv_share_layer}[model.kv_mode],
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    return out
+
+
+def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
+    """A SpeculativeModel running the graphs `eagle_fx.export` wrote to out_dir. runtime_options
+    (num_spec_tokens, max_batch_size, max_seq_len, prefill_chunk_size, prefix_caching, ...) override
+    the exported model's, as in model.replace()."""
+    out = Path(out_dir)
+    mf = out / "manifest.json"
+    if not mf.exists():
+        raise ExportError(f"{mf}: missing; {out} is not an eagle_fx.export folder")
+    try:
+        manifest = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{mf}: not valid JSON ({e})") from None
+    have = {"eagle_fx": eagle_fx.__version__, "torch": torch.__version__, "format": FORMAT}
+    was = {"eagle_fx": manifest.get("eagle_fx_version"), "torch": manifest.get("torch_version"),
+           "format": manifest.get("format")}
+    if was != have:
+        raise ExportError(f"{mf}: exported by eagle_fx {was['eagle_fx']} / torch {was['torch']} (format {was['format']}); "
+                          f"this is eagle_fx {have['eagle_fx']} / torch {have['torch']} (format {have['format']}): "
+                          "export the model again with this version")
+    target = manifest["target"]
+    missing = [g["file"] for g in manifest["graphs"].values() if not (out / g["file"]).exists()]
+    if not (out / "tensors.pt").exists():
+        missing.append("tensors.pt")
+    if missing:
+        raise ExportError(f"{out}: missing file(s) {missing} listed in manifest.json; copy the whole export folder")
+    tensors = torch.load(out / "tensors.pt", map_location="cpu", weights_only=True)
+    pair = dict(manifest["pair"])
+    dev = torch.device(device) if device is not None else torch.device(pair.pop("device"))
+    pair.pop("device", None)
+    spec = PairSpec(**{**pair, "eos": tuple(pair["eos"]), "dtype": getattr(torch, pair["dtype"]), "device": dev,
+                       "d2t": None if tensors["d2t"] is None else tensors["d2t"].to(dev)})
+    options = Options(**{**manifest["options"], "bootstrap": tensors["bootstrap"]})
+    callables, inputs = {}, {}
+    for name, g in manifest["graphs"].items():
+        path = out / g["file"]
+        if target == "aoti":
+            fn = torch._inductor.aoti_load_package(str(path))
+        elif target == "tensorrt":
+            _torch_tensorrt()
+            fn = torch.export.load(path).module()
+        else:
+            fn = torch.export.load(path).module()
+        callables[name] = torch.no_grad()(fn)
+        inputs[name] = list(g["inputs"])
+    model = SpeculativeModel(None, callables, options, spec, inputs)
+    return model.replace(**runtime_options) if runtime_options else model

@@ -1,0 +1,97 @@
+"""eagle_fx.export / load_exported: the loaded model decodes exactly like the in-memory one
+(same tokens, same accepted drafts) for exported_program and aoti; clear errors otherwise."""
+import functools
+import json
+import shutil
+
+import pytest
+import torch
+
+import eagle_fx
+from eagle_fx.bench import BUNDLED
+from eagle_fx.export import ExportError
+
+PROMPTS = [list(range(5, 25)), list(range(40, 47)), [3, 9, 4]]
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_model():
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(BUNDLED / "base", dtype=torch.float32).eval()
+    return eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / "eagle", base), max_batch_size=3, max_seq_len=128)
+
+
+def _same(model, loaded):
+    a = model.replace().generate(PROMPTS, max_new_tokens=24)
+    b = loaded.generate(PROMPTS, max_new_tokens=24)
+    assert a.sequences == b.sequences
+    assert a.stats.num_accepted_tokens == b.stats.num_accepted_tokens > 0  # the draft graphs agree too
+
+
+@pytest.mark.parametrize("target", ["exported_program", "aoti"])
+def test_round_trip(tmp_path, target):
+    model = bundled_model()
+    out = eagle_fx.export(model, tmp_path / target, target=target)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == target and set(manifest["graphs"]) == {"base", "draft_prefill", "draft_extend", "draft_step"}
+    assert manifest["num_spec_tokens"] == 3 and manifest["draft_method"] == "eagle" and manifest["kv_share"] == "pool"
+    assert manifest["torch_version"] == torch.__version__ and manifest["eagle_fx_version"] == eagle_fx.__version__
+    loaded = eagle_fx.load_exported(out)
+    assert loaded.graphs is None and loaded.kv_mode == "pool"
+    _same(model, loaded)
+    if target == "exported_program":  # sizes are dynamic: other batch / pool sizes and k run too
+        other = eagle_fx.load_exported(out, max_batch_size=1, num_spec_tokens=2, max_seq_len=256)
+        assert other.generate(PROMPTS, max_new_tokens=24).sequences == model.generate(PROMPTS, max_new_tokens=24).sequences
+
+
+def test_round_trip_kv_sharing_eagle3(tmp_path):
+    from conftest import make_prompts, tiny_base
+    from eagle_fx.drafts import new_draft
+
+    base = tiny_base("qwen3")
+    model = eagle_fx.compile(base, new_draft(base, "eagle3", seed=3, kv_share=-1), max_batch_size=2, max_seq_len=64)
+    loaded = eagle_fx.load_exported(eagle_fx.export(model, tmp_path / "x"))
+    assert loaded.kv_mode == "layer" and loaded.draft_layer == 3 and torch.equal(loaded.spec.d2t, model.spec.d2t)
+    prompts = make_prompts(2)
+    assert loaded.generate(prompts, max_new_tokens=10).sequences == model.generate(prompts, max_new_tokens=10).sequences
+
+
+def test_errors(tmp_path):
+    model = bundled_model()
+    with pytest.raises(ExportError, match="target must be one of"):
+        eagle_fx.export(model, tmp_path / "bad", target="onnx")
+    out = eagle_fx.export(model, tmp_path / "ok")
+    copy = tmp_path / "old"
+    shutil.copytree(out, copy)
+    mf = json.loads((copy / "manifest.json").read_text())
+    mf["eagle_fx_version"] = "0.0.1"
+    (copy / "manifest.json").write_text(json.dumps(mf))
+    with pytest.raises(ExportError, match=r"exported by eagle_fx 0.0.1 .* export the model again"):
+        eagle_fx.load_exported(copy)
+    (out / "draft_step.pt2").unlink()
+    with pytest.raises(ExportError, match=r"missing file\(s\) \['draft_step.pt2'\]"):
+        eagle_fx.load_exported(out)
+    with pytest.raises(ExportError, match="not an eagle_fx.export folder"):
+        eagle_fx.load_exported(tmp_path / "nothing")
+    with pytest.raises(ExportError, match="a loaded model has no graphs"):
+        eagle_fx.export(eagle_fx.load_exported(eagle_fx.export(model, tmp_path / "fresh")), tmp_path / "again")
+
+
+def test_tensorrt_needs_torch_tensorrt(tmp_path):
+    try:
+        import torch_tensorrt  # noqa: F401
+    except Exception:
+        with pytest.raises(ExportError, match="target='tensorrt' needs torch_tensorrt"):
+            eagle_fx.export(bundled_model(), tmp_path / "trt", target="tensorrt")
+        return
+    pytest.skip("torch_tensorrt imports here: test_tensorrt_round_trip covers it")
+
+
+def test_tensorrt_round_trip(tmp_path):
+    pytest.importorskip("torch_tensorrt", reason="torch_tensorrt does not import here (it needs CUDA and TensorRT)")
+    if not torch.cuda.is_available():
+        pytest.skip("torch_tensorrt imports but there is no CUDA device to build engines on")
+    model = bundled_model()
+    out = eagle_fx.export(model, tmp_path / "trt", target="tensorrt")
+    _same(model, eagle_fx.load_exported(out))
