@@ -128,17 +128,24 @@ def _sdpa_args(node: Node):
     return q, k, v, mask, bool(causal), scale
 
 
-def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | None = None) -> PassResult:
+def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | None = None,
+        only_unmasked: bool = False) -> PassResult:
+    """only_unmasked: canonicalise only causal SDPA without an explicit mask and leave the rest as
+    they are (for arbitrary graphs, e.g. the torch.compile backend, where a mask may be padding)."""
     ctx = ctx or PassContext()
     graph = gm.graph
     matches = 0
     notes: list[str] = []
     windows: set[int] = set()
+    kept = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA:
             continue
         q, k, v, mask, causal, scale = _sdpa_args(node)
         where = _module_path(node) or node.name
+        if only_unmasked and (mask is not None or not causal):
+            kept += 1
+            continue
         if mask is None and not causal:
             raise ValueError(
                 f"eagle_fx: attention {node.target} at {where} is not causal (no mask, is_causal=False); "
@@ -173,7 +180,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | 
         matches += 1
     # a softmax left inside an attention module is attention computed another way (eager attention)
     leftovers = [n for n in graph.nodes if n.op == "call_function" and n.target in _SOFTMAX
-                 and any(w in (_module_path(n) or "").lower() for w in ("attn", "attention"))]
+                 and any(w in (_module_path(n) or "").lower() for w in ("attn", "attention"))] if not only_unmasked else []
     if leftovers:
         n = leftovers[0]
         raise ValueError(
@@ -190,4 +197,6 @@ def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | 
     gm.recompile()
     if matches:
         notes.append(f"windows {sorted(windows)}")
+    if kept:
+        notes.append(f"{kept} SDPA with an explicit mask (or not causal) kept")
     return PassResult(gm, matches, notes)
