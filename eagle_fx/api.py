@@ -103,7 +103,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     warmed up here), "triton" (lower_draft_prefill swaps in the Triton kernels; needs CUDA, or
     TRITON_INTERPRET=1 set before eagle_fx is imported). static_steps runs the draft step and the
     verify over per-batch-bucket static buffers, captured as CUDA graphs on a GPU (default: on for
-    backend="triton").
+    backend="triton"). "tensorrt": each step graph exported and compiled by torch_tensorrt (CUDA).
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
@@ -114,18 +114,32 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     base.eval()
     draft.eval()
     layer = _kv_share_layer(base, draft, options)
+    device = next(base.parameters()).device
     if options.backend == "triton":
         from eagle_fx.ops.triton import triton_status
 
-        ok, why = triton_status(next(base.parameters()).device)
+        ok, why = triton_status(device)
         if not ok:
             raise ValueError(f"backend='triton' cannot run here: {why}")
+    if options.backend == "tensorrt":
+        from eagle_fx.export import ExportError, _torch_tensorrt
+
+        try:
+            _torch_tensorrt()
+        except ExportError as e:
+            raise ValueError(f"backend='tensorrt' cannot run here: {e}") from None
+        if device.type != "cuda":
+            raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
                      alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
                      lower=options.backend == "triton")
     callables = {name: _backend(getattr(graphs, name), options.backend)
                  for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
     model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer))
+    if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
+        from eagle_fx.export import tensorrt_callables
+
+        model = SpeculativeModel(graphs, tensorrt_callables(model), options, model.spec)
     if options.backend == "inductor":
         model.warmup()  # compile every shape class now, not inside the first generate
     return model

@@ -58,6 +58,26 @@ def _torch_tensorrt():
     return torch_tensorrt
 
 
+def export_step_graph(model: SpeculativeModel, name: str):
+    """(ExportedProgram, example kwargs) of step graph `name`, sizes dynamic."""
+    gm = getattr(model.graphs, name)
+    example = model.replace().example_inputs(name, [2, 3])  # scratch pools: this model's KV is untouched
+    # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
+    with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=_dynamic_shapes(model._inputs[name]), strict=False)
+    return ep, example
+
+
+def tensorrt_callables(model: SpeculativeModel) -> dict:
+    """Each step graph compiled by torch_tensorrt.dynamo (the eagle_fx ops run as PyTorch fallbacks)."""
+    trt = _torch_tensorrt()
+    out = {}
+    for name in GRAPHS:
+        ep, example = export_step_graph(model, name)
+        out[name] = torch.no_grad()(trt.dynamo.compile(ep, arg_inputs=(), kwarg_inputs=example, min_block_size=1))
+    return out
+
+
 def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -> Path:
     """Write `model`'s step graphs for `target` and a manifest to out_dir; returns out_dir."""
     if target not in TARGETS:
@@ -69,12 +89,8 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for name in GRAPHS:
-        gm = getattr(model.graphs, name)
         names = model._inputs[name]
-        example = model.replace().example_inputs(name, [2, 3])  # scratch pools: this model's KV is untouched
-        # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
-        with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
-            ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=_dynamic_shapes(names), strict=False)
+        ep, example = export_step_graph(model, name)
         path = out / f"{name}{SUFFIX[target]}"
         if target == "exported_program":
             torch.export.save(ep, path)

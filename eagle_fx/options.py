@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-BACKENDS = ("eager", "inductor", "triton")
+BACKENDS = ("eager", "inductor", "triton", "tensorrt")
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,22 @@ def test_tensorrt_round_trip(tmp_path):
     model = bundled_model()
     out = eagle_fx.export(model, tmp_path / "trt", target="tensorrt")
     _same(model, eagle_fx.load_exported(out))
+
+
+def test_backends_that_cannot_run_here_say_what_is_missing():
+    from conftest import tiny_base, tiny_draft
+
+    base, draft = tiny_base("llama"), tiny_draft("llama", "eagle")
+    try:
+        import torch_tensorrt  # noqa: F401
+        have_trt = True
+    except Exception:
+        have_trt = False
+    if not have_trt:
+        with pytest.raises(ValueError, match="backend='tensorrt' cannot run here: .*needs torch_tensorrt"):
+            eagle_fx.compile(base, draft, backend="tensorrt")
+    elif not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="backend='tensorrt' cannot run here: the model is on cpu"):
+            eagle_fx.compile(base, draft, backend="tensorrt")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        eagle_fx.compile(base, draft, backend="onnxruntime")
