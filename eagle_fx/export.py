@@ -156,6 +156,14 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
     spec = PairSpec(**{**pair, "eos": tuple(pair["eos"]), "dtype": getattr(torch, pair["dtype"]), "device": dev,
                        "d2t": None if tensors["d2t"] is None else tensors["d2t"].to(dev)})
     options = Options(**{**manifest["options"], "bootstrap": tensors["bootstrap"]})
+    if options.backend == "triton":  # the graphs call eagle_fx::triton_* ops: define them first
+        from eagle_fx.ops.triton import load_kernels, triton_status
+
+        ok, why = triton_status(dev)
+        if not ok:
+            raise ExportError(f"{out} was exported from backend='triton': its graphs need the Triton kernels, "
+                              f"which cannot run here ({why})")
+        load_kernels()
     callables, inputs = {}, {}
     for name, g in manifest["graphs"].items():
         path = out / g["file"]

@@ -52,3 +52,5 @@ class Options:
             raise ValueError(f"kv_share must be 'auto', 'pool', None or a base layer index (int), got {ks!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "triton" and self.block_size & (self.block_size - 1):
+            raise ValueError(f"backend='triton' needs a power-of-two block_size (the kernels tile by block), got {self.block_size}")

@@ -46,6 +46,7 @@ class StaticStep:
         self.capture = capture
         self.static: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> input buffers
         self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static outputs)
+        self.pool = None  # one CUDA graph memory pool for every bucket (outputs are used before the next call)
         if rows > block_size:
             raise ValueError(f"a static step of {rows} rows per sequence needs block_size >= {rows}")
 
@@ -120,14 +121,18 @@ class StaticStep:
 
     def _replay(self, bucket, args: dict):
         if bucket not in self.graphs:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                self.fn(**args)  # warm-up outside capture (allocator, autotuning)
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = self.fn(**args)
+            device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
+            with torch.cuda.device(device):
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    self.fn(**args)  # warm-up outside capture (allocator, autotuning)
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    outs = self.fn(**args)
             self.graphs[bucket] = (graph, outs)
         graph, outs = self.graphs[bucket]
         graph.replay()
@@ -154,6 +159,7 @@ class StaticPrefill:
         self.capture = capture
         self.static: dict[tuple[int, int], dict] = {}
         self.graphs: dict[tuple[int, int], tuple] = {}
+        self.pool = None
 
     def bucket_for(self, n_seq: int, n_tok: int) -> tuple[int, int]:
         bb = next(b for b in self.batch_buckets if b >= n_seq)
@@ -174,6 +180,8 @@ class StaticPrefill:
         pad_lens[-1] = tb - n_tok - fillers
         pad_pos = torch.arange(tb - n_tok, device=dev) - torch.repeat_interleave(
             torch.cumsum(pad_lens, 0) - pad_lens, pad_lens)
+        if "block_table" in bufs:  # stay within the block-table row (all scratch block): wrap positions
+            pad_pos = pad_pos % (bufs["block_table"].shape[1] * self.block_size)
         for name, buf in bufs.items():
             src = inputs[name]
             if name in ("input_ids", "positions"):

@@ -40,11 +40,16 @@ def _val(n):
 
 
 def _device(gm: GraphModule, ctx: PassContext):
+    """Where the graph runs: its parameters, the captured module's, or its inputs' (an AOTAutograd
+    graph takes its parameters as inputs)."""
     for p in gm.parameters():
         return p.device
     if ctx.root is not None:
         for p in ctx.root.parameters():
             return p.device
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and isinstance(_val(n), torch.Tensor):
+            return _val(n).device
     return torch.device("cpu")
 
 

@@ -31,7 +31,6 @@ class BufferLog:
     def __init__(self, step):
         self.step, self.seen = step, []
         self._call = step.__call__
-        step.__call__ = None
 
     def __call__(self, n_seq, **inputs):
         out = self._call(n_seq, **inputs)
@@ -52,8 +51,8 @@ def test_static_buffers_stable_and_padding_inert(kw):
     model = eagle_fx.compile(base, draft, max_batch_size=5, max_seq_len=64, static_steps=True, **kw)
     assert buckets(5) == [1, 2, 4, 5]
     logs = {}
-    for name, step in model._steps.items():
-        log = BufferLog(step)
+    for name in ("draft_step", "verify"):
+        log = BufferLog(model._steps[name])
         logs[name] = log
         model._steps[name] = log
     handed_out = set()
@@ -100,3 +99,13 @@ def test_static_prefill_buckets(kw):
     torch.testing.assert_close(model.draft_pool[:, :, :n], runs[False][0].draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
     used = {name: set(step.static) for name, step in model._steps.items()}
     assert used["base"] and all(tb >= 16 and (tb & (tb - 1)) == 0 for _, tb in used["base"])
+
+
+def test_static_prefill_padding_longer_than_a_block_table_row():
+    """4 x 40 prompt tokens pad to a 256-token bucket: the padding sequence is longer than a
+    sequence's block-table span (5 blocks of 16) and must wrap inside its scratch row."""
+    model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), max_batch_size=4, max_seq_len=64,
+                             static_steps=True)
+    prompts = make_prompts(4, seed=8, lengths=(40,))
+    assert model.generate(prompts, max_new_tokens=4).sequences == hf_greedy("llama", prompts, 4)
+    assert (4, 256) in model._steps["base"].static

@@ -20,8 +20,8 @@ from eagle_fx.ops.triton.paged_kv import launch_write_kv
 
 
 @triton.jit
-def _paged_attention_kernel(Q, O, POOL, BT, SEQ, POS, layer, scale, window, group,
-                            sq_h, sq_t, so_h, so_t, sp_l, sp_kv, sp_b, sp_o, sp_h, sbt,
+def _paged_attention_kernel(Q, O, POOL, BT, SEQ, POS, layer_off, scale, window, group,
+                            sq_h, sq_t, so_h, so_t, sp_kv, sp_b, sp_o, sp_h, sbt,
                             BS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
     t, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     d = tl.arange(0, D_PAD)
@@ -30,14 +30,14 @@ def _paged_attention_kernel(Q, O, POOL, BT, SEQ, POS, layer, scale, window, grou
     p = tl.load(POS + t).to(tl.int64)
     kvh = h // group
     q = tl.load(Q + h * sq_h + t * sq_t + d, mask=md, other=0.0).to(tl.float32) * scale
-    lo = 0
+    lo = p * 0  # int64, like p (the compiler wants one type on both branches)
     if window > 0:
         lo = tl.maximum(p - window + 1, 0)
     m_i = tl.full([], -1.0e30, tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([D_PAD], dtype=tl.float32)
     o = tl.arange(0, BS)
-    base = POOL + layer * sp_l + kvh * sp_h
+    base = POOL + layer_off + kvh * sp_h
     for j in range(lo // BS, p // BS + 1):
         blk = tl.load(BT + s * sbt + j).to(tl.int64)
         kpos = j * BS + o
@@ -59,7 +59,7 @@ def launch_paged_attention(q: Tensor, kv_pool: Tensor, layer: int, block_table: 
                            positions: Tensor, scale: float, sliding_window: int) -> Tensor:
     """q [1, H, T, D] -> [1, H, T, D]; keys and values from the pool."""
     H, T, D = q.shape[1], q.shape[2], q.shape[3]
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)  # contiguous, whatever q's strides
     if T == 0:
         return out
     if q.stride(-1) != 1:
@@ -69,9 +69,10 @@ def launch_paged_attention(q: Tensor, kv_pool: Tensor, layer: int, block_table: 
     tok = torch.arange(T, device=q.device)
     seq = torch.searchsorted(query_start_loc[1:].contiguous(), tok, right=True)  # sequence of each token
     bt = block_table.contiguous()
-    _paged_attention_kernel[(T, H)](q, out, p, bt, seq, positions.reshape(-1).contiguous(), layer, scale,
+    # the layer's offset is computed here: a Python int, passed as 64-bit once it passes 2^31
+    _paged_attention_kernel[(T, H)](q, out, p, bt, seq, positions.reshape(-1).contiguous(), layer * p.stride(0), scale,
                                     sliding_window, H // p.shape[4], q.stride(1), q.stride(2), out.stride(1),
-                                    out.stride(2), p.stride(0), p.stride(1), p.stride(2), p.stride(3), p.stride(4),
+                                    out.stride(2), p.stride(1), p.stride(2), p.stride(3), p.stride(4),
                                     bt.stride(0), BS=p.shape[3], D=D, D_PAD=triton.next_power_of_2(D))
     return out
 
@@ -86,4 +87,4 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: in
 
 @cached_attention.register_fake
 def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window):
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)
