@@ -33,9 +33,10 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--input-len", type=int, default=64, help="prompt length for --dataset-name random")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer ShareGPT prompts (tokens)")
     ap.add_argument("--output-len", type=int, default=64, help="max new tokens per prompt")
-    ap.add_argument("--temp", type=float, default=0.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampling temperature (0: greedy); > 0 samples with speculative rejection sampling")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    ap.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1: off)")
     ap.add_argument("--prefill-token-shift", dest="prefill_shift", action="store_true", default=False,
                     help="shifted (reference) draft prefill")
     ap.add_argument("--no-prefill-token-shift", dest="prefill_shift", action="store_false",
@@ -260,8 +261,11 @@ def run_kv_share(args, base, draft, tokenizer, prompts, eos, backend) -> dict:
 
 
 def _check_args(args) -> None:
-    if args.temp != 0.0 or args.top_p != 1.0 or args.top_k != -1:
-        raise SystemExit("eagle-fx bench: only greedy decoding (--temp 0, --top-p 1, --top-k -1) is implemented so far")
+    if args.temp < 0 or not 0 < args.top_p <= 1 or args.top_k < -1:
+        raise SystemExit("eagle-fx bench: --temp must be >= 0, --top-p in (0, 1], --top-k >= -1 (-1: off)")
+    if args.temp > 0 and args.compare:
+        raise SystemExit("eagle-fx bench: --compare checks outputs against HF greedy; it needs --temp 0 "
+                         "(sampled outputs are checked by distribution, in tests/test_sampling_distribution.py)")
     for name in ("num_spec_tokens", "num_prompts", "output_len", "max_num_seqs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"eagle-fx bench: --{name.replace('_', '-')} must be >= 1")
@@ -342,6 +346,7 @@ def run(args) -> dict:
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=args.prefill_shift,
                              backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len,
                              prefix_caching=args.prefix_caching, prefill_chunk_size=args.prefill_chunk_size)
+    sampling = dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     model.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos)  # warm-up (compiles)
     model = model.replace()  # fresh pools and prefix cache: the warm-up must not give the timed run free hits
     setup_s = time.perf_counter() - t0
@@ -351,7 +356,7 @@ def run(args) -> dict:
     stats = SpecDecodeStats(args.num_spec_tokens)
 
     def eagle_run(batch):
-        out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos)
+        out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos, **sampling)
         stats.merge(out.stats)
         return out.sequences
 

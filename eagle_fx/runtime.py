@@ -24,7 +24,7 @@ from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_ta
 from eagle_fx.capture import StepGraphs
 from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.options import Options
-from eagle_fx.sampling import greedy, greedy_accept
+from eagle_fx.sampling import greedy, greedy_accept, rejection_accept, sample, warp
 from eagle_fx.static_steps import StaticPrefill, StaticStep
 
 
@@ -221,6 +221,7 @@ class SpeculativeModel:
         self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
+        self._sampling = None  # set per generate(): None (greedy) or ((temperature, top_k, top_p), generator)
 
     RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
                        "prefix_caching", "bootstrap", "num_blocks", "static_steps")
@@ -262,7 +263,7 @@ class SpeculativeModel:
 
     # ------------------------------------------------------------------ validation
 
-    def _check(self, prompts, max_new_tokens, eos_token_id, temperature) -> tuple[list[list[int]], set[int]]:
+    def _check(self, prompts, max_new_tokens, eos_token_id) -> tuple[list[list[int]], set[int]]:
         if isinstance(prompts, torch.Tensor):
             prompts = prompts.tolist() if prompts.dim() == 2 else None
         if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, (list, tuple, torch.Tensor)) for p in prompts):
@@ -288,8 +289,6 @@ class SpeculativeModel:
                     f"prompt {i}: {len(p)} prompt tokens + max_new_tokens {max_new_tokens} > max_seq_len "
                     f"{self.options.max_seq_len}; shorten the prompt, lower max_new_tokens, or compile with a larger max_seq_len"
                 )
-        if temperature != 0.0:
-            raise ValueError("temperature > 0 (sampling) is not implemented yet; use temperature=0.0 (greedy)")
         if eos_token_id is CONFIG_EOS:  # like HF generate without eos_token_id: the model's own
             eos = set(self.default_eos)
         elif eos_token_id is None:
@@ -303,13 +302,19 @@ class SpeculativeModel:
     # ------------------------------------------------------------------ generate
 
     @torch.no_grad()
-    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0) -> GenerateOutput:
-        """Greedy speculative decoding of a ragged batch of token-id lists.
+    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> GenerateOutput:
+        """Speculative decoding of a ragged batch of token-id lists.
 
+        temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
+        with top_k (0 or -1: off) and top_p (1.0: off) applied in HF's order; drafts are sampled from
+        the draft's equally warped distribution and accepted by speculative rejection sampling, so
+        the output is distributed exactly as sampling the base alone. seed makes it reproducible.
         eos_token_id: an id or a list of ids; not given: the base's generation_config eos (as HF
         generate); None: never stop early. Returns .sequences (new tokens per prompt, eos included
         when hit) and .stats."""
-        prompts, eos = self._check(prompts, max_new_tokens, eos_token_id, temperature)
+        prompts, eos = self._check(prompts, max_new_tokens, eos_token_id)
+        self._sampling = self._sampling_state(temperature, top_p, top_k, seed)
         stats = SpecDecodeStats(self.num_spec_tokens)
         t0 = time.perf_counter()
         sequences: list[list[int]] = []
@@ -319,6 +324,42 @@ class SpeculativeModel:
         stats.total_num_output_tokens = sum(len(s) for s in sequences)
         stats.wall_time_s = time.perf_counter() - t0
         return GenerateOutput(sequences, stats)
+
+    def _sampling_state(self, temperature, top_p, top_k, seed):
+        """None for greedy; else ((temperature, top_k, top_p), generator)."""
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1: off), got {top_p!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+            raise ValueError(f"top_k must be an int >= 0, or -1 (0 and -1: off), got {top_k!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an int or None, got {seed!r}")
+        if temperature == 0:
+            return None
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        return (float(temperature), max(top_k, 0), float(top_p)), gen
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The base's token from its logits: argmax, or a sample from the warped distribution."""
+        if self._sampling is None:
+            return greedy(logits)
+        params, gen = self._sampling
+        return sample(warp(logits, *params), gen)
+
+    def _draft_pick(self, dlogits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft's proposal (target ids) and, when sampling, its distribution q over target ids."""
+        if self._sampling is None:
+            return self._to_target(greedy(dlogits)), None
+        params, gen = self._sampling
+        qd = warp(dlogits, *params)
+        if self.spec.d2t is None:
+            q = qd
+        else:  # EAGLE-3: draft id i is target id i + d2t[i]
+            q = qd.new_zeros(qd.shape[0], self.vocab_size)
+            q.index_add_(1, torch.arange(qd.shape[1], device=qd.device) + self.spec.d2t.to(qd.device), qd)
+        return sample(q, gen), q
 
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats) -> list[list[int]]:
         """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
@@ -459,7 +500,7 @@ class SpeculativeModel:
             logits, feats = self._prefill_call("base", input_ids=ids[None], positions=pos[None], logits_indices=last,
                                        kv_pool=self.base_pool, slot_mapping=slots, block_table=bt, query_start_loc=qsl)
             final = [c == lens[s] for s, (a, c) in zip(sel, spans)]
-            sampled = greedy(logits)
+            sampled = self._pick(logits)
             fin = torch.tensor(final, dtype=torch.bool, device=dev)
             next_tokens = None
             if "next_tokens" in self._inputs["draft_prefill"]:  # shifted: the look-ahead token
@@ -530,9 +571,11 @@ class SpeculativeModel:
         while active:
             A = len(active)
             one = ar[:A]
-            proposals = []
-            d = self._propose(contexts, active, 0, self._to_target(greedy(dlogits)))
+            proposals, qs = [], []
+            d, q = self._draft_pick(dlogits)
+            d = self._propose(contexts, active, 0, d)
             proposals.append(d)
+            qs.append(q)
             h = dhidden
             t = clock()
             for j in range(1, k):
@@ -541,8 +584,10 @@ class SpeculativeModel:
                                    next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
                                    slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt,
                                    spec_rows=srow, committed_len=m)
-                d = self._propose(contexts, active, j, self._to_target(greedy(dl)))
+                d, q = self._draft_pick(dl)
+                d = self._propose(contexts, active, j, d)
                 proposals.append(d)
+                qs.append(q)
             D = torch.stack(proposals, dim=1)  # [A, k]
             stats.time_draft_s += clock() - t
 
@@ -555,7 +600,12 @@ class SpeculativeModel:
                                        slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
                                        query_start_loc=ar[:A + 1] * (k + 1))
             stats.time_verify_s += clock() - t
-            accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
+            if self._sampling is None:
+                accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
+            else:
+                params, gen = self._sampling
+                p = warp(logits.view(A, k + 1, -1), *params)
+                accepted, bonus = rejection_accept(D, torch.stack(qs, dim=1), p, gen)
             acc = accepted.tolist()
             stats.record(acc)
 

@@ -24,9 +24,23 @@ def test_bad_generate_input(prompts, max_new, exc, match):
     assert model.generate(good, max_new_tokens=6).sequences == hf_greedy("llama", good, 6)
 
 
-def test_sampling_not_yet_is_clear():
-    with pytest.raises(ValueError, match=r"temperature > 0 \(sampling\) is not implemented yet"):
-        compiled("llama", "eagle").generate([[1, 2]], max_new_tokens=2, temperature=0.7)
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=-1.0), "temperature must be a number >= 0"),
+    (dict(temperature=0.7, top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=0.7, top_k=-2), "top_k must be an int >= 0, or -1"),
+    (dict(temperature=0.7, seed="x"), "seed must be an int or None"),
+])
+def test_bad_sampling_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        compiled("llama", "eagle").generate([[1, 2]], max_new_tokens=2, **kw)
+
+
+def test_seeded_sampling_is_reproducible():
+    model = compiled("llama", "eagle")
+    prompts = make_prompts(3)
+    a, b = (model.generate(prompts, max_new_tokens=12, temperature=0.8, top_k=20, seed=5).sequences for _ in range(2))
+    c = model.generate(prompts, max_new_tokens=12, temperature=0.8, top_k=20, seed=6).sequences
+    assert a == b and a != c
 
 
 @pytest.mark.parametrize("kw,match", [

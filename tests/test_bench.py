@@ -59,7 +59,19 @@ def test_bench_cli_writes_every_figure(tmp_path, capsys):
 
 
 def test_bench_refuses_what_it_cannot_do():
-    with pytest.raises(SystemExit, match="only greedy decoding"):
-        bench_main(["--temp", "0.8"])
+    with pytest.raises(SystemExit, match="--compare checks outputs against HF greedy; it needs --temp 0"):
+        bench_main(["--temp", "0.8", "--compare"])
+    with pytest.raises(SystemExit, match=r"--top-p in \(0, 1\]"):
+        bench_main(["--temp", "0.8", "--top-p", "1.5"])
     with pytest.raises(SystemExit, match="--num-prompts must be >= 1"):
         bench_main(["--num-prompts", "0"])
+
+
+def test_bench_samples_with_temperature(tmp_path):
+    out = tmp_path / "sampled.json"
+    bench_main(["--num-prompts", "3", "--output-len", "12", "--temp", "0.8", "--top-k", "40", "--seed", "3",
+                "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert r["config"]["temp"] == 0.8
+    st = r["eagle_fx"]
+    assert 0 < st["total_num_output_tokens"] <= 36 and st["num_draft_tokens"] == 3 * st["num_drafts"]
