@@ -227,8 +227,9 @@ class SpeculativeModel:
                        "prefix_caching", "bootstrap", "num_blocks", "static_steps")
 
     def _static_steps(self, scratch_block: int) -> dict:
-        """The draft step (1 row per sequence) and the verify (k+1 rows) over static buffers;
-        captured as CUDA graphs when on a GPU and every op of both graphs can be captured."""
+        """The draft step (1 row per sequence), the verify (k+1 rows) and the base and draft prefills
+        (bucketed by batch and tokens) over static buffers; captured as CUDA graphs when on a GPU and
+        every op of their graphs can be captured."""
         o = self.options
         eager_ops = (torch.ops.eagle_fx.cached_attention.default, torch.ops.eagle_fx.shared_cached_attention.default,
                      torch.ops.eagle_fx.rowwise_linear.default)  # torch references that sync with the host
@@ -411,14 +412,18 @@ class SpeculativeModel:
             for blocks in rows:
                 self.allocator.release(blocks)
 
-    def _call(self, name: str, **inputs):
-        """Run step graph `name` with the inputs it declares (passes may add or drop inputs).
-        Draft graphs get their own pool as `draft_kv_pool`, or the shared one as `kv_pool`; a
-        sharing draft also its spec_kv ring."""
+    def _graph_inputs(self, name: str, inputs: dict) -> dict:
+        """The inputs step graph `name` declares (passes may add or drop some). Draft graphs get
+        their own pool as `draft_kv_pool`, or the shared one as `kv_pool`, and a sharing draft its
+        spec_kv ring."""
         if name != "base":
             inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
             inputs["spec_kv"] = self.spec_kv
-        return self._fns[name](**{k: inputs[k] for k in self._inputs[name]})
+        return {k: inputs[k] for k in self._inputs[name]}
+
+    def _call(self, name: str, **inputs):
+        """Run step graph `name` as is."""
+        return self._fns[name](**self._graph_inputs(name, inputs))
 
     def _clock(self) -> float:
         """perf_counter, after the device's queued work: exact step timings on a GPU too."""
@@ -430,20 +435,14 @@ class SpeculativeModel:
         """A base or draft prefill call: through its length-bucketed static buffers when static_steps is on."""
         if name not in self._steps:
             return self._call(name, **inputs)
-        if name != "base":
-            inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
-            inputs["spec_kv"] = self.spec_kv
-        return self._steps[name](**{k: inputs[k] for k in self._inputs[name]})
+        return self._steps[name](**self._graph_inputs(name, inputs))
 
     def _step(self, name: str, n_seq: int, **inputs):
-        """The draft step or the verify: through its static buffers when static_steps is on."""
+        """The draft step or the verify (the base graph): through its static buffers when static_steps is on."""
+        graph = "base" if name == "verify" else name
         if name not in self._steps:
-            return self._call("base" if name == "verify" else name, **inputs)
-        inputs["draft_kv_pool"] = inputs.get("draft_kv_pool", self.draft_pool)
-        inputs["spec_kv"] = self.spec_kv
-        if name == "draft_step":
-            inputs["kv_pool"] = self.draft_pool
-        return self._steps[name](n_seq, **inputs)
+            return self._call(graph, **inputs)
+        return self._steps[name](n_seq, **self._graph_inputs(graph, inputs))
 
     @property
     def draft_kv(self):

@@ -30,6 +30,25 @@ def _row_inv_rms(X, rows, mrow, n_cols, eps, BM: tl.constexpr, BK: tl.constexpr)
 
 
 @triton.jit
+def _accumulate(acc, X, rows, mm, H, inv, NW, W, w_col0, K, rn, mn, Y,
+                NORM: tl.constexpr, F32: tl.constexpr, BK: tl.constexpr):
+    """acc += X[rows, :H] (normalised: * inv * NW when NORM) @ W[rn, w_col0:w_col0 + H]^T."""
+    for k0 in range(0, H, BK):
+        rk = k0 + tl.arange(0, BK)
+        mk = rk < H
+        a = tl.load(X + rows[:, None] * H + rk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
+        if NORM:
+            a = (a.to(tl.float32) * inv[:, None]).to(Y.dtype.element_ty)
+            a = (a.to(tl.float32) * tl.load(NW + rk, mask=mk, other=0.0).to(tl.float32)[None, :]).to(Y.dtype.element_ty)
+        w = tl.load(W + rn[None, :] * K + w_col0 + rk[:, None], mask=mk[:, None] & mn[None, :], other=0.0)
+        if F32:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(a.to(w.dtype), w)
+    return acc
+
+
+@triton.jit
 def _draft_input_kernel(IDS, E, F, W, B, NE, NF, Y, M, N, He, Hf, eps,
                         NORM: tl.constexpr, HAS_BIAS: tl.constexpr, F32: tl.constexpr,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -39,34 +58,14 @@ def _draft_input_kernel(IDS, E, F, W, B, NE, NF, Y, M, N, He, Hf, eps,
     mm, mn = rm < M, rn < N
     ids = tl.load(IDS + rm, mask=mm, other=0).to(tl.int64)
     K = He + Hf
+    inv_e = tl.zeros([BM], dtype=tl.float32)
+    inv_f = tl.zeros([BM], dtype=tl.float32)
     if NORM:
         inv_e = _row_inv_rms(E, ids, mm, He, eps, BM, BK)
         inv_f = _row_inv_rms(F, rm, mm, Hf, eps, BM, BK)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, He, BK):
-        rk = k0 + tl.arange(0, BK)
-        mk = rk < He
-        a = tl.load(E + ids[:, None] * He + rk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
-        if NORM:
-            a = (a.to(tl.float32) * inv_e[:, None]).to(Y.dtype.element_ty)
-            a = (a.to(tl.float32) * tl.load(NE + rk, mask=mk, other=0.0).to(tl.float32)[None, :]).to(Y.dtype.element_ty)
-        w = tl.load(W + rn[None, :] * K + rk[:, None], mask=mk[:, None] & mn[None, :], other=0.0)
-        if F32:
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(a.to(w.dtype), w)
-    for k0 in range(0, Hf, BK):
-        rk = k0 + tl.arange(0, BK)
-        mk = rk < Hf
-        a = tl.load(F + rm[:, None] * Hf + rk[None, :], mask=mm[:, None] & mk[None, :], other=0.0)
-        if NORM:
-            a = (a.to(tl.float32) * inv_f[:, None]).to(Y.dtype.element_ty)
-            a = (a.to(tl.float32) * tl.load(NF + rk, mask=mk, other=0.0).to(tl.float32)[None, :]).to(Y.dtype.element_ty)
-        w = tl.load(W + rn[None, :] * K + He + rk[:, None], mask=mk[:, None] & mn[None, :], other=0.0)
-        if F32:
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(a.to(w.dtype), w)
+    acc = _accumulate(acc, E, ids, mm, He, inv_e, NE, W, 0, K, rn, mn, Y, NORM, F32, BK)  # embedding rows
+    acc = _accumulate(acc, F, rm, mm, Hf, inv_f, NF, W, He, K, rn, mn, Y, NORM, F32, BK)  # feature rows
     if HAS_BIAS:
         acc += tl.load(B + rn, mask=mn, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + rm[:, None] * N + rn[None, :], acc.to(Y.dtype.element_ty), mask=mm[:, None] & mn[None, :])
