@@ -84,7 +84,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
             num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto",
-            static_steps: bool | None = None) -> SpeculativeModel:
+            static_steps: bool | None = None, draft_tree: dict | None = None) -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -104,16 +104,23 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     TRITON_INTERPRET=1 set before eagle_fx is imported). static_steps runs the draft step and the
     verify over per-batch-bucket static buffers, captured as CUDA graphs on a GPU (default: on for
     backend="triton"). "tensorrt": each step graph exported and compiled by torch_tensorrt (CUDA).
+    draft_tree=dict(top_k=, depth=, total_tokens=): EAGLE-2 dynamic draft trees instead of a chain
+    of num_spec_tokens (eagle_fx.draft_tree); the verify is total_tokens + 1 rows per sequence. The
+    tree steps run as plain graph calls (no static buffers). model.replace(draft_tree=None,
+    num_spec_tokens=k) gives the chain over the same graphs.
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
                       prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
                       num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share,
-                      static_steps=static_steps)
+                      static_steps=static_steps, draft_tree=draft_tree)
     _check_pair(base, draft)
     base.eval()
     draft.eval()
     layer = _kv_share_layer(base, draft, options)
+    if layer is not None and options.draft_tree is not None:
+        raise ValueError(f"this draft reads base layer {layer}'s K/V (kv_share={options.kv_share!r}), which runs as a chain "
+                         "only; for draft_tree pass kv_share=None (the draft keeps its own K/V)")
     device = next(base.parameters()).device
     if options.backend == "triton":
         from eagle_fx.ops.triton import triton_status
@@ -132,9 +139,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
                      alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
-                     lower=options.backend == "triton")
-    callables = {name: _backend(getattr(graphs, name), options.backend)
-                 for name in ("base", "draft_prefill", "draft_extend", "draft_step")}
+                     lower=options.backend == "triton", tree=options.draft_tree is not None)
+    callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
     model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer))
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables

@@ -31,6 +31,7 @@ from torch.fx.graph import CodeGen
 
 from eagle_fx.drafts import select_features
 from eagle_fx.passes import CAPTURE_PASSES, PASSES, PassContext
+from eagle_fx.passes.insert_tree_mask import copy_graph_module
 
 log = logging.getLogger("eagle_fx")
 
@@ -79,6 +80,14 @@ class StepGraphs:
     draft_extend: GraphModule
     draft_step: GraphModule
     pass_log: list[str] = field(default_factory=list)
+    # draft trees (EAGLE-2): the base and draft-step graphs with tree attention (insert_tree_mask)
+    verify_tree: GraphModule | None = None
+    draft_tree_step: GraphModule | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The step graphs this capture holds."""
+        return ("base", "draft_prefill", "draft_extend", "draft_step") + (
+            ("verify_tree", "draft_tree_step") if self.verify_tree is not None else ())
 
 
 def strip_export_checks(gm: GraphModule) -> GraphModule:
@@ -125,10 +134,12 @@ def _example_inputs(device, t=10, n=3):
 
 
 def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
-            alias_kv: bool = False, kv_share_layer: int | None = None, lower: bool = False) -> StepGraphs:
+            alias_kv: bool = False, kv_share_layer: int | None = None, lower: bool = False,
+            tree: bool = False) -> StepGraphs:
     """alias_kv: the draft's KV becomes one more layer of the base's pool (kv_share="pool");
     kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned;
-    lower: swap in the Triton kernels (lower_draft_prefill) in every graph."""
+    lower: swap in the Triton kernels (lower_draft_prefill) in every graph; tree: also the
+    tree-attention copies of the base and draft-step graphs (verify_tree, draft_tree_step)."""
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -140,8 +151,7 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
     base_step = BaseStep(base, draft.aux_layer_ids).eval()
     gm_base = export_graph(base_step, (ids, pos, li), ({1: T}, {1: T}, {0: N}))
     extra = ("batch_invariant",) if batch_invariant else ()
-    last = ("lower_draft_prefill",) if lower else ()
-    gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra + last, pass_log, num_layers)
+    gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra, pass_log, num_layers)
 
     dtype = next(draft.parameters()).dtype
     feats = torch.zeros(ids.shape[1], draft.feature_dim, device=dev, dtype=dtype)
@@ -160,8 +170,14 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
         passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
         passes += ("alias_draft_kv",) if alias_kv or kv_share_layer is not None else ()
         passes += ("prune_draft_rows",) if kv_share_layer is not None and name != "draft_step" else ()
-        passes += last
         ctx = PassContext(root=step, pool_name="draft_kv_pool", shared_pool_layer=num_layers,
                           kv_share_layer=kv_share_layer, all_rows_committed=name == "draft_prefill")
         graphs[name] = run_passes(gm, ctx, name, passes, pass_log, 1)
-    return StepGraphs(gm_base, graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log)
+    graphs["base"] = gm_base
+    if tree:
+        for name, src in (("verify_tree", "base"), ("draft_tree_step", "draft_step")):
+            graphs[name] = run_passes(copy_graph_module(graphs[src]), PassContext(), name, ("insert_tree_mask",), pass_log)
+    if lower:
+        graphs = {name: run_passes(gm, PassContext(), name, ("lower_draft_prefill",), pass_log) for name, gm in graphs.items()}
+    return StepGraphs(graphs["base"], graphs["draft_prefill"], graphs["draft_extend"], graphs["draft_step"], pass_log,
+                      graphs.get("verify_tree"), graphs.get("draft_tree_step"))

@@ -1,9 +1,10 @@
-"""Deployment export: the four step graphs as files, and a SpeculativeModel loaded back from them.
+"""Deployment export: the step graphs as files, and a SpeculativeModel loaded back from them.
 
     eagle_fx.export(model, out_dir, target="exported_program" | "aoti" | "tensorrt")
     model = eagle_fx.load_exported(out_dir)
 
-Each step graph (base, draft_prefill, draft_extend, draft_step), after every eagle_fx pass, is
+Each step graph (base, draft_prefill, draft_extend, draft_step, and with draft_tree verify_tree and
+draft_tree_step), after every eagle_fx pass, is
 exported again with torch.export (token, sequence and pool sizes dynamic) and written as
 
   exported_program  OUT/<graph>.pt2          torch.export.save; runs anywhere torch runs
@@ -30,7 +31,6 @@ from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
 TARGETS = ("exported_program", "aoti", "tensorrt")
-GRAPHS = ("base", "draft_prefill", "draft_extend", "draft_step")
 SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
 FORMAT = 1
 
@@ -45,7 +45,8 @@ def _dynamic_shapes(names: list[str]) -> dict:
     dims = {"input_ids": {1: auto}, "positions": {1: auto}, "features": {0: auto}, "slot_mapping": {0: auto},
             "logits_indices": {0: auto}, "next_tokens": {0: auto}, "carry_features": {0: auto},
             "query_start_loc": {0: auto}, "block_table": {0: auto, 1: auto}, "spec_rows": {0: auto},
-            "committed_len": {0: auto}, "kv_pool": {2: auto}, "draft_kv_pool": {2: auto}, "spec_kv": {1: auto, 2: auto}}
+            "committed_len": {0: auto}, "kv_pool": {2: auto}, "draft_kv_pool": {2: auto}, "spec_kv": {1: auto, 2: auto},
+            "tree_mask": {0: auto, 1: auto}, "tree_start": {0: auto}}
     return {n: dims.get(n) for n in names}
 
 
@@ -72,7 +73,7 @@ def tensorrt_callables(model: SpeculativeModel) -> dict:
     """Each step graph compiled by torch_tensorrt.dynamo (the eagle_fx ops run as PyTorch fallbacks)."""
     trt = _torch_tensorrt()
     out = {}
-    for name in GRAPHS:
+    for name in model.graphs.names():
         ep, example = export_step_graph(model, name)
         out[name] = torch.no_grad()(trt.dynamo.compile(ep, arg_inputs=(), kwarg_inputs=example, min_block_size=1))
     return out
@@ -88,7 +89,7 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
-    for name in GRAPHS:
+    for name in model.graphs.names():
         names = model._inputs[name]
         ep, example = export_step_graph(model, name)
         path = out / f"{name}{SUFFIX[target]}"
@@ -111,7 +112,8 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
         "graphs": files,
         "pair": {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in ("d2t", "device", "dtype")}
         | {"dtype": str(spec.dtype).removeprefix("torch."), "device": spec.device.type},
-        "options": {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "bootstrap"},
+        "options": {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name not in ("bootstrap", "draft_tree")}
+        | {"draft_tree": None if o.draft_tree is None else dataclasses.asdict(o.draft_tree)},
         "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "kv_mode": model.kv_mode,
                          "pool_layers": int(model.base_pool.shape[0]), "draft_layer": model.draft_layer,
                          "spec_kv": "[2, max_batch_size (+1 scratch), k, kv_heads, head_dim]" if model.spec_kv is not None else None},

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle_fx.draft_tree import DraftTree
+
 BACKENDS = ("eager", "inductor", "triton", "tensorrt")
 
 
@@ -27,6 +29,8 @@ class Options:
     # the draft step and the verify step over per-batch-bucket static buffers, replayed as CUDA
     # graphs on a GPU when every op in them can be captured; None: on for backend="triton"
     static_steps: bool | None = None
+    # EAGLE-2 dynamic draft tree: dict(top_k=, depth=, total_tokens=) (kept as a DraftTree); None: a chain
+    draft_tree: DraftTree | dict | None = None
 
     def __post_init__(self):
         for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
@@ -50,6 +54,11 @@ class Options:
         ks = self.kv_share
         if not (ks in ("auto", "pool", None) or (isinstance(ks, int) and not isinstance(ks, bool))):
             raise ValueError(f"kv_share must be 'auto', 'pool', None or a base layer index (int), got {ks!r}")
+        if self.draft_tree is not None:
+            object.__setattr__(self, "draft_tree", DraftTree.of(self.draft_tree))
+            if isinstance(ks, int) and not isinstance(ks, bool):
+                raise ValueError("draft_tree does not run with kv_share=LAYER (the draft's speculated K/V ring is a "
+                                 "chain); use kv_share='pool' or None with a tree")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and self.block_size & (self.block_size - 1):

@@ -22,6 +22,7 @@ import torch
 
 from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_table_tensor, new_kv_pool, slot_mapping
 from eagle_fx.capture import StepGraphs
+from eagle_fx.draft_tree import DraftTree, greedy_walk, rerank, sampled_walk, tree_mask
 from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept, rejection_accept, sample, warp
@@ -32,7 +33,8 @@ from eagle_fx.static_steps import StaticPrefill, StaticStep
 class SpecDecodeStats:
     """vLLM's spec-decode counters (examples/offline_inference/spec_decode.py formulas)."""
 
-    num_spec_tokens: int
+    num_spec_tokens: int  # the most drafts one verify can accept (k; a tree's depth)
+    draft_tokens_per_step: int | None = None  # tokens drafted per verify (k; a tree's total_tokens)
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -53,12 +55,14 @@ class SpecDecodeStats:
     def __post_init__(self):
         if not self.accepted_per_pos:
             self.accepted_per_pos = [0] * self.num_spec_tokens
+        if self.draft_tokens_per_step is None:
+            self.draft_tokens_per_step = self.num_spec_tokens
 
     def record(self, accepted: list[int]) -> None:
         """One verification step: `accepted[s]` tokens accepted for each sequence that had drafts."""
         for a in accepted:
             self.num_drafts += 1
-            self.num_draft_tokens += self.num_spec_tokens
+            self.num_draft_tokens += self.draft_tokens_per_step
             self.num_accepted_tokens += a
             for j in range(a):
                 self.accepted_per_pos[j] += 1
@@ -189,7 +193,12 @@ class SpeculativeModel:
         self.default_eos = set(spec.eos)
         o = options
         k = o.num_spec_tokens
-        self.blocks_per_seq = -(-(o.max_seq_len + k + 1) // o.block_size)
+        self.tree = o.draft_tree  # a DraftTree (EAGLE-2) or None (a chain of k)
+        if self.tree is not None and "verify_tree" not in callables:
+            raise ValueError("draft_tree needs the tree step graphs: pass draft_tree= to eagle_fx.compile")
+        # cache slots past the committed tokens one speculation step writes
+        self.lookahead = k + 1 if self.tree is None else self.tree.width
+        self.blocks_per_seq = -(-(o.max_seq_len + self.lookahead) // o.block_size)
         num_blocks = o.num_blocks or o.max_batch_size * self.blocks_per_seq
         self.allocator = BlockAllocator(num_blocks, o.block_size)
         # static steps pad the batch with sequences that live in one scratch block past the allocator's
@@ -201,6 +210,8 @@ class SpeculativeModel:
         # "own" (a pool of its own)
         self.kv_mode = "layer" if "spec_kv" in inputs else "own" if "draft_kv_pool" in inputs else "pool"
         self.kv_aliased = self.kv_mode != "own"
+        if self.tree is not None and self.kv_mode == "layer":
+            raise ValueError("draft_tree does not run with a KV-sharing draft (kv_share=LAYER)")
         L = spec.num_layers
         self.base_pool = new_kv_pool(L + (self.kv_mode == "pool"), num_blocks + scratch, o.block_size,
                                      spec.kv_heads, spec.head_dim, self.dtype, self.device)
@@ -221,10 +232,12 @@ class SpeculativeModel:
         self.block_feature = torch.zeros(num_blocks, feature_dim, device=self.device, dtype=self.dtype)
         # test-only: hook(contexts, j, proposals[B]) -> proposals[B], replaces draft proposal j
         self._propose_hook = None
+        # test-only: hook(contexts, tokens [A, N], parents [A, N]) -> tokens, replaces a draft tree's tokens
+        self._tree_hook = None
         self._sampling = None  # set per generate(): None (greedy) or ((temperature, top_k, top_p), generator)
 
     RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
-                       "prefix_caching", "bootstrap", "num_blocks", "static_steps")
+                       "prefix_caching", "bootstrap", "num_blocks", "static_steps", "draft_tree")
 
     def _static_steps(self, scratch_block: int) -> dict:
         """The draft step (1 row per sequence), the verify (k+1 rows) and the base and draft prefills
@@ -261,6 +274,12 @@ class SpeculativeModel:
     @property
     def num_spec_tokens(self) -> int:
         return self.options.num_spec_tokens
+
+    def new_stats(self) -> SpecDecodeStats:
+        """Empty counters for this model's speculation (a chain of k, or a tree)."""
+        if self.tree is None:
+            return SpecDecodeStats(self.num_spec_tokens)
+        return SpecDecodeStats(self.tree.depth, self.tree.total_tokens)
 
     # ------------------------------------------------------------------ validation
 
@@ -316,7 +335,7 @@ class SpeculativeModel:
         when hit) and .stats."""
         prompts, eos = self._check(prompts, max_new_tokens, eos_token_id)
         self._sampling = self._sampling_state(temperature, top_p, top_k, seed)
-        stats = SpecDecodeStats(self.num_spec_tokens)
+        stats = self.new_stats()
         t0 = time.perf_counter()
         sequences: list[list[int]] = []
         mb = self.options.max_batch_size
@@ -371,7 +390,7 @@ class SpeculativeModel:
         valid: list[int | None] = [None] * len(prompts)
         try:
             for p in prompts:
-                need = self.allocator.blocks_for(len(p) + max_new + k + 1)
+                need = self.allocator.blocks_for(len(p) + max_new + self.lookahead)
                 if need > self.allocator.num_blocks:
                     raise PoolExhausted(
                         f"one request needs {need} blocks but the KV pool has {self.allocator.num_blocks}; "
@@ -416,7 +435,7 @@ class SpeculativeModel:
         """The inputs step graph `name` declares (passes may add or drop some). Draft graphs get
         their own pool as `draft_kv_pool`, or the shared one as `kv_pool`, and a sharing draft its
         spec_kv ring."""
-        if name != "base":
+        if name not in ("base", "verify_tree"):
             inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
             inputs["spec_kv"] = self.spec_kv
         return {k: inputs[k] for k in self._inputs[name]}
@@ -567,52 +586,22 @@ class SpeculativeModel:
             stats.time_prefill_s += clock() - t
         else:
             dlogits, dhidden = dlogits[rows], dhidden[rows]
+        speculate = self._speculate_tree if self.tree is not None else self._speculate_chain
         while active:
             A = len(active)
             one = ar[:A]
-            proposals, qs = [], []
-            d, q = self._draft_pick(dlogits)
-            d = self._propose(contexts, active, 0, d)
-            proposals.append(d)
-            qs.append(q)
-            h = dhidden
-            t = clock()
-            for j in range(1, k):
-                p_j = m - 1 + j + o
-                dl, h = self._step("draft_step", A, input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
-                                   next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
-                                   slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt,
-                                   spec_rows=srow, committed_len=m)
-                d, q = self._draft_pick(dl)
-                d = self._propose(contexts, active, j, d)
-                proposals.append(d)
-                qs.append(q)
-            D = torch.stack(proposals, dim=1)  # [A, k]
-            stats.time_draft_s += clock() - t
-
-            v_ids = torch.cat([pending[:, None], D], dim=1).reshape(-1)
-            v_pos = (m[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
-            v_seq = torch.repeat_interleave(one, k + 1)
-            t = clock()
-            logits, feats = self._step("verify", A, input_ids=v_ids[None], positions=v_pos[None],
-                                       logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
-                                       slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
-                                       query_start_loc=ar[:A + 1] * (k + 1))
-            stats.time_verify_s += clock() - t
-            if self._sampling is None:
-                accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
-            else:
-                params, gen = self._sampling
-                p = warp(logits.view(A, k + 1, -1), *params)
-                accepted, bonus = rejection_accept(D, torch.stack(qs, dim=1), p, gen)
+            accepted, bonus, drafted, path_feats = speculate(contexts, active, pending, dlogits, dhidden, m, bt, srow,
+                                                             stats)
             acc = accepted.tolist()
             stats.record(acc)
-
-            if self.options.prefix_caching:
-                self._keep_block_features(bt, v_seq, v_pos, feats)
+            W = drafted.shape[1]  # the longest acceptable path
+            if self.options.prefix_caching:  # features of [pending, accepted...] (past them: overwritten later)
+                path_pos = m[:, None] + torch.arange(W + 1, **long)[None]
+                self._keep_block_features(bt, torch.repeat_interleave(one, W + 1), path_pos.reshape(-1),
+                                          path_feats.reshape(A * (W + 1), -1))
             keep = []
             for r, s in enumerate(active):
-                new = D[r, :acc[r]].tolist() + [int(bonus[r])]
+                new = drafted[r, :acc[r]].tolist() + [int(bonus[r])]
                 if not self._emit(outputs[s], contexts[s], new, max_new, eos):
                     keep.append(r)
                 else:  # base KV is final up to m + a; the draft's up to m - 1 (+1 unshifted)
@@ -623,11 +612,11 @@ class SpeculativeModel:
             n_ext = accepted[kr] + 1
             e_seq = torch.repeat_interleave(torch.arange(len(keep), **long), n_ext)
             e_off = torch.arange(int(n_ext.sum()), **long) - torch.repeat_interleave(n_ext.cumsum(0) - n_ext, n_ext)
-            tok_all = torch.cat([D, bonus[:, None]], dim=1)  # [A, k+1]; the bonus goes at column a
+            tok_all = torch.cat([drafted, bonus[:, None]], dim=1)  # [A, W+1]; the bonus goes at column a
             tok_all[one, accepted] = bonus
             e_ids = tok_all[kr][e_seq, e_off]
             e_pos = m[kr][e_seq] + e_off + o
-            e_feats = feats.view(A, k + 1, -1)[kr][e_seq, e_off]
+            e_feats = path_feats[kr][e_seq, e_off]
             e_qsl = torch.zeros(len(keep) + 1, **long)
             e_qsl[1:] = n_ext.cumsum(0)
             bt, srow = bt[kr], srow[kr]
@@ -641,6 +630,149 @@ class SpeculativeModel:
             pending = bonus[kr]
             active = [active[r] for r in keep]
         return outputs
+
+    def _speculate_chain(self, contexts, active, pending, dlogits, dhidden, m, bt, srow, stats):
+        """k chained draft steps, then one verify of [pending, d_1..d_k] per sequence.
+
+        Returns (accepted [A], next token [A], drafts [A, k] (the first `accepted` are kept), base
+        features at [pending, d_1..d_k] [A, k+1, F])."""
+        dev, bs, k = self.device, self.options.block_size, self.num_spec_tokens
+        o = 0 if self.options.prefill_shift else 1
+        long = dict(dtype=torch.long, device=dev)
+        clock = self._clock
+        A = len(active)
+        ar = torch.arange(A + 1, **long)
+        one = ar[:A]
+        proposals, qs = [], []
+        d, q = self._draft_pick(dlogits)
+        d = self._propose(contexts, active, 0, d)
+        proposals.append(d)
+        qs.append(q)
+        h = dhidden
+        t = clock()
+        for j in range(1, k):
+            p_j = m - 1 + j + o
+            dl, h = self._step("draft_step", A, input_ids=d[None], positions=p_j[None], features=h, logits_indices=one,
+                               next_tokens=d, query_start_loc=ar[:A + 1], kv_pool=self.draft_pool,
+                               slot_mapping=slot_mapping(bt, one, p_j, bs), block_table=bt,
+                               spec_rows=srow, committed_len=m)
+            d, q = self._draft_pick(dl)
+            d = self._propose(contexts, active, j, d)
+            proposals.append(d)
+            qs.append(q)
+        D = torch.stack(proposals, dim=1)  # [A, k]
+        stats.time_draft_s += clock() - t
+
+        v_ids = torch.cat([pending[:, None], D], dim=1).reshape(-1)
+        v_pos = (m[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
+        v_seq = torch.repeat_interleave(one, k + 1)
+        t = clock()
+        logits, feats = self._step("verify", A, input_ids=v_ids[None], positions=v_pos[None],
+                                   logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
+                                   slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
+                                   query_start_loc=ar[:A + 1] * (k + 1))
+        stats.time_verify_s += clock() - t
+        if self._sampling is None:
+            accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
+        else:
+            params, gen = self._sampling
+            p = warp(logits.view(A, k + 1, -1), *params)
+            accepted, bonus = rejection_accept(D, torch.stack(qs, dim=1), p, gen)
+        return accepted, bonus, D, feats.view(A, k + 1, -1)
+
+    def _speculate_tree(self, contexts, active, pending, dlogits, dhidden, m, bt, srow, stats):
+        """EAGLE-2: grow a draft tree (eagle_fx.draft_tree), verify it in one tree-masked base call,
+        accept along it, and move the accepted path's base K/V to the slots right after m.
+
+        Returns what _speculate_chain does, with the accepted path in place of the chain."""
+        dev, bs, tree = self.device, self.options.block_size, self.tree
+        o = 0 if self.options.prefill_shift else 1
+        long = dict(dtype=torch.long, device=dev)
+        clock = self._clock
+        A, K, N, depth = len(active), tree.top_k, tree.total_tokens, tree.depth
+        t = clock()
+        tokens, parents = self._grow_tree(dlogits, dhidden, m, bt, srow, o)
+        stats.time_draft_s += clock() - t
+        if self._tree_hook is not None:
+            tokens = self._tree_hook([contexts[s] for s in active], tokens, parents)
+
+        mask = tree_mask(parents)  # [A, N+1, N+1] over [pending, nodes]
+        node_depth = mask.sum(-1) - 1
+        nodes = torch.cat([pending[:, None], tokens], dim=1)
+        v_seq = torch.repeat_interleave(torch.arange(A, **long), N + 1)
+        logical = (m[:, None] + torch.arange(N + 1, **long)[None]).reshape(-1)
+        t = clock()
+        logits, feats = self._call("verify_tree", input_ids=nodes.reshape(1, -1), positions=(m[:, None] + node_depth).reshape(1, -1),
+                                   logits_indices=torch.arange(A * (N + 1), **long), kv_pool=self.base_pool,
+                                   slot_mapping=slot_mapping(bt, v_seq, logical, bs), block_table=bt,
+                                   query_start_loc=torch.arange(A + 1, **long) * (N + 1),
+                                   tree_mask=mask.reshape(A * (N + 1), N + 1), tree_start=m)
+        stats.time_verify_s += clock() - t
+        if self._sampling is None:
+            accepted, bonus, path = greedy_walk(parents, tokens, greedy(logits).view(A, N + 1), depth)
+        else:
+            params, gen = self._sampling
+            accepted, bonus, path = sampled_walk(parents, tokens, warp(logits.view(A, N + 1, -1), *params), depth, gen)
+        self._compact_path(path, accepted, m, bt)
+        drafted = nodes.gather(1, path[:, 1:])
+        return accepted, bonus, drafted, feats.view(A, N + 1, -1).gather(1, path[..., None].expand(-1, -1, feats.shape[-1]))
+
+    def _grow_tree(self, dlogits, dhidden, m, bt, srow, o):
+        """The draft tree of each sequence: (tokens [A, N], parents [A, N]) (eagle_fx.draft_tree)."""
+        dev, bs, tree = self.device, self.options.block_size, self.tree
+        long = dict(dtype=torch.long, device=dev)
+        A, K, H = dlogits.shape[0], tree.top_k, dhidden.shape[-1]
+        top = torch.log_softmax(dlogits.float(), dim=-1).topk(K, dim=-1)
+        toks, scores = [self._to_target(top.indices)], [top.values]
+        parents = [torch.full((A, K), -1, **long)]
+        front_tok, front_score = toks[0], top.values
+        front_cand = torch.arange(K, **long).expand(A, K)
+        front_h = dhidden[:, None].expand(A, K, H)
+        W = tree.draft_slots
+        front_mask = torch.zeros(A, K, W, dtype=torch.bool, device=dev)
+        start = m + o  # the draft's first free slot: its tree's slots follow
+        seq = torch.repeat_interleave(torch.arange(A, **long), K)
+        rows = torch.arange(A * K, **long)
+        n_cand = K
+        for i in range(tree.depth - 1):
+            slot = i * K + torch.arange(K, **long)
+            front_mask[:, torch.arange(K, **long), slot] = True
+            pos = (m + o + i)[:, None].expand(A, K).reshape(-1)
+            dl, h = self._call("draft_tree_step", input_ids=front_tok.reshape(1, -1), positions=pos[None],
+                               features=front_h.reshape(A * K, H), logits_indices=rows, next_tokens=front_tok[:, 0],
+                               query_start_loc=torch.arange(A + 1, **long) * K, kv_pool=self.draft_pool,
+                               slot_mapping=slot_mapping(bt, seq, (start[:, None] + slot[None]).reshape(-1), bs),
+                               block_table=bt, tree_mask=front_mask.reshape(A * K, W), tree_start=start,
+                               spec_rows=srow, committed_len=m)
+            child = torch.log_softmax(dl.float(), dim=-1).view(A, K, -1).topk(K, dim=-1)
+            child_score = (front_score[:, :, None] + child.values).reshape(A, K * K)
+            toks.append(self._to_target(child.indices).reshape(A, K * K))
+            scores.append(child_score)
+            parents.append(front_cand[:, :, None].expand(A, K, K).reshape(A, K * K))
+            if i < tree.depth - 2:  # the next layer to expand: the top_k children by cumulative score
+                best = torch.sort(-child_score, dim=1, stable=True).indices[:, :K]
+                parent_row = best // K
+                front_tok, front_score = toks[-1].gather(1, best), child_score.gather(1, best)
+                front_cand = n_cand + best
+                front_h = h.view(A, K, H).gather(1, parent_row[..., None].expand(A, K, H))
+                front_mask = front_mask.gather(1, parent_row[..., None].expand(A, K, W))
+            n_cand += K * K
+        return rerank(torch.cat(toks, 1), torch.cat(scores, 1), torch.cat(parents, 1), tree.total_tokens)
+
+    def _compact_path(self, path, accepted, m, bt) -> None:
+        """Move the base K/V of each accepted tree node (written at slot m + node) to slot m + depth,
+        so the committed tokens are contiguous again."""
+        j = torch.arange(1, path.shape[1], device=self.device)
+        moved = (j[None] <= accepted[:, None]) & (path[:, 1:] != j[None])
+        if not bool(moved.any()):
+            return
+        seq, col = moved.nonzero(as_tuple=True)
+        bs = self.options.block_size
+        src = slot_mapping(bt, seq, m[seq] + path[seq, col + 1], bs)
+        dst = slot_mapping(bt, seq, m[seq] + col + 1, bs)
+        L = self.spec.num_layers
+        pool = self.base_pool[:L].view(L, 2, -1, *self.base_pool.shape[-2:])
+        pool[:, :, dst] = pool[:, :, src]
 
     def warmup(self) -> None:
         """Call every step graph once per shape class it will see (1 vs many tokens, sequences,
@@ -661,14 +793,20 @@ class SpeculativeModel:
         dev = self.device
         long = dict(dtype=torch.long, device=dev)
         bs = self.options.block_size
-        feat = {"base": 0, "draft_prefill": self.bootstrap.shape[-1], "draft_extend": self.bootstrap.shape[-1],
-                "draft_step": self.draft_hidden_size}[name]
+        feat = {"base": 0, "verify_tree": 0, "draft_prefill": self.bootstrap.shape[-1],
+                "draft_extend": self.bootstrap.shape[-1], "draft_step": self.draft_hidden_size,
+                "draft_tree_step": self.draft_hidden_size}[name]
         B, T = len(lens), sum(lens)
         qsl = torch.tensor([0] + list(lens), **long).cumsum(0)
         pos = torch.cat([torch.arange(n, **long) for n in lens])
         seq = torch.repeat_interleave(torch.arange(B, **long), torch.tensor(lens, **long))
         bt = torch.arange(B * self.blocks_per_seq, **long).view(B, -1) % self.allocator.num_blocks
-        pool = self.base_pool if name == "base" else self.draft_pool
+        pool = self.base_pool if name in ("base", "verify_tree") else self.draft_pool
+        # tree graphs: each sequence's tokens as a chain-shaped tree from slot 0 (the causal mask)
+        W = max(lens)
+        tree = torch.zeros(T, W, dtype=torch.bool, device=dev)
+        for s, n in enumerate(lens):
+            tree[int(qsl[s]):int(qsl[s]) + n, :n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         kw = dict(input_ids=torch.zeros(1, T, **long), positions=pos[None],
                   logits_indices=torch.arange(T, **long) if all_logits else qsl[1:] - 1,
                   features=torch.zeros(T, feat, device=dev, dtype=self.dtype),
@@ -676,7 +814,8 @@ class SpeculativeModel:
                   next_tokens=torch.zeros(B, **long), query_start_loc=qsl, kv_pool=pool, draft_kv_pool=pool,
                   spec_kv=self.spec_kv, slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
                   spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
-                  committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"))
+                  committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"),
+                  tree_mask=tree, tree_start=torch.zeros(B, **long))
         return {k: kw[k] for k in self._inputs[name]}
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:

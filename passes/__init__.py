@@ -3,7 +3,7 @@
 `PASSES` is the one registry (name -> run); `capture` decides which graph each pass runs on.
 """
 from . import (alias_draft_kv, batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache,
-               lower_draft_prefill, prune_draft_rows)
+               insert_tree_mask, lower_draft_prefill, prune_draft_rows)
 from .result import PassContext, PassResult
 
 PASSES = {
@@ -14,8 +14,10 @@ PASSES = {
     "alias_draft_kv": alias_draft_kv.run,
     "prune_draft_rows": prune_draft_rows.run,
     "lower_draft_prefill": lower_draft_prefill.run,
+    "insert_tree_mask": insert_tree_mask.run,
 }
 CAPTURE_PASSES = ("canonicalize_attention", "insert_kv_cache")
 
 __all__ = ["CAPTURE_PASSES", "PASSES", "PassContext", "PassResult", "alias_draft_kv", "batch_invariant", "canonicalize_attention",
-           "drop_prefill_shift", "insert_kv_cache", "lower_draft_prefill", "prune_draft_rows"]
+           "drop_prefill_shift", "insert_kv_cache", "insert_tree_mask", "lower_draft_prefill",
+           "prune_draft_rows"]

@@ -45,6 +45,28 @@ def test_bundled_drafts_are_accepted_and_lossless(method):
     assert out.stats.mean_acceptance_length > 1.8
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_bundled_drafts_with_trees_are_lossless(method):
+    """EAGLE-2 trees on the trained pair: greedy == HF, and accepted paths leave the first branch."""
+    import eagle_fx
+
+    tok, base = _pair()
+    model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / method, base), max_batch_size=4,
+                             draft_tree=dict(top_k=3, depth=4, total_tokens=10))
+    paths = []
+    walk = model._compact_path
+    model._compact_path = lambda path, accepted, m, bt: (paths.append((path, accepted)), walk(path, accepted, m, bt))
+    prompts = _prompts(4)
+    out = model.generate(prompts, max_new_tokens=32, eos_token_id=tok.eos_token_id)
+    with torch.no_grad():
+        ref = [base.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)[0, len(p):].tolist() for p in prompts]
+    assert out.sequences == ref
+    assert out.stats.mean_acceptance_length > 2.0
+    j = torch.arange(1, 5)
+    assert any(bool(((p[:, 1:] != j) & (j <= a[:, None])).any()) for p, a in paths)
+
+
 def test_bench_cli_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench_main(["--num-prompts", "2", "--output-len", "8", "--json", str(out)])

@@ -57,6 +57,22 @@ def test_round_trip_kv_sharing_eagle3(tmp_path):
     assert loaded.generate(prompts, max_new_tokens=10).sequences == model.generate(prompts, max_new_tokens=10).sequences
 
 
+def test_round_trip_draft_tree(tmp_path):
+    """A tree model exports its tree graphs too, and the loaded one accepts the same drafts."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(BUNDLED / "base", dtype=torch.float32).eval()
+    tree = dict(top_k=2, depth=3, total_tokens=5)
+    model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / "eagle3", base), max_batch_size=3, max_seq_len=128,
+                             draft_tree=tree)
+    out = eagle_fx.export(model, tmp_path / "tree")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {"verify_tree", "draft_tree_step"} <= set(manifest["graphs"]) and manifest["options"]["draft_tree"] == tree
+    loaded = eagle_fx.load_exported(out)
+    assert loaded.tree == model.tree
+    _same(model, loaded)
+
+
 def test_errors(tmp_path):
     model = bundled_model()
     with pytest.raises(ExportError, match="target must be one of"):

@@ -55,10 +55,17 @@ def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), chi2.double() / 2))
 
 
-@pytest.mark.parametrize("method,temperature,top_p", [("eagle", 0.5, 1.0), ("eagle", 1.0, 1.0), ("eagle3", 1.0, 0.9)])
-def test_first_three_tokens_follow_the_base(base, method, temperature, top_p):
+TREE = dict(top_k=3, depth=2, total_tokens=5)
+
+
+@pytest.mark.parametrize("method,temperature,top_p,tree", [("eagle", 0.5, 1.0, None), ("eagle", 1.0, 1.0, None),
+                                                           ("eagle3", 1.0, 0.9, None), ("eagle", 1.0, 1.0, TREE),
+                                                           ("eagle3", 1.0, 0.9, TREE)])
+def test_first_three_tokens_follow_the_base(base, method, temperature, top_p, tree):
+    """Chains (draft tokens sampled from q, accepted with min(1, p/q)) and EAGLE-2 trees (top-k
+    children, each accepted with probability p(x) over the mass left, zeroed when rejected)."""
     draft = new_draft(base, method, seed=11, aux_layer_ids=(0, 1, 2) if method == "eagle3" else None)
-    model = eagle_fx.compile(base, draft, num_spec_tokens=3, max_batch_size=1000, max_seq_len=8)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, max_batch_size=1000, max_seq_len=8, draft_tree=tree)
     out = model.generate([PROMPT] * N, max_new_tokens=3, eos_token_id=None, temperature=temperature, top_p=top_p,
                          seed=1234)
     seqs = torch.tensor(out.sequences)

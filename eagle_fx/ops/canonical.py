@@ -14,6 +14,13 @@ positions (speculated tokens) from `spec_kv`, a small ring the op writes: row sp
 position % R. Only rows at positions >= committed_len are written; k and v may be None when every
 row is committed (the draft prefill), and then nothing is written.
 
+`eagle_fx::tree_cached_attention` is cached attention for a draft tree (passes/insert_tree_mask.py,
+EAGLE-2): each sequence's tree occupies W cache slots from logical index tree_start[s] (slot
+tree_start + i holds tree node i), and a query sees every key below tree_start (within the
+sliding window, by position) plus the tree slots its row of tree_mask [T, W] marks (its ancestors
+and itself). A query's `positions` entry (its RoPE position, tree_start + depth) only bounds the
+window; which tree slots it sees is the mask's.
+
 `eagle_fx::rowwise_linear` is `F.linear` one row at a time (see passes/batch_invariant.py).
 
 Layouts:
@@ -50,6 +57,11 @@ _lib.define(
     "shared_cached_attention(Tensor q, Tensor? k, Tensor? v, Tensor kv_pool, int base_layer, Tensor(a!) spec_kv, "
     "Tensor spec_rows, Tensor committed_len, Tensor block_table, Tensor query_start_loc, Tensor positions, "
     "float scale, int sliding_window) -> Tensor"
+)
+_lib.define(
+    "tree_cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "
+    "Tensor block_table, Tensor query_start_loc, Tensor positions, Tensor tree_mask, Tensor tree_start, float scale, "
+    "int sliding_window, bool batch_invariant=False) -> Tensor"
 )
 _lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 
@@ -163,6 +175,49 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
     return out
 
 
+def tree_visible_keys(q_pos: Tensor, tree_rows: Tensor, tree_start: int, sliding_window: int) -> Tensor:
+    """Bool mask [Tq, tree_start + W]: keys below tree_start by position (and window), then the tree
+    slots each query's row of the tree mask [Tq, W] marks."""
+    past = visible_keys(q_pos, tree_start, sliding_window) if tree_start else tree_rows.new_zeros(len(q_pos), 0)
+    return torch.cat([past, tree_rows.bool()], dim=1)
+
+
+def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
+                              block_table: Tensor, query_start_loc: Tensor, positions: Tensor, tree_mask: Tensor,
+                              tree_start: Tensor, scale: float, sliding_window: int,
+                              batch_invariant: bool = False) -> Tensor:
+    """Write k/v at their slots, then attend each query to its sequence's keys below tree_start and
+    to the tree slots its tree_mask row marks. batch_invariant=True: one query row at a time."""
+    kvh, d = k.shape[1], k.shape[3]
+    block_size, width = kv_pool.shape[3], tree_mask.shape[1]
+    pool = kv_pool[layer]
+    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(kv_pool.dtype))
+    out = torch.empty_like(q)
+    pos = positions.reshape(-1)
+    n_seq = query_start_loc.shape[0] - 1
+    meta = torch.cat([query_start_loc, tree_start]).tolist()
+    bounds, starts = meta[:n_seq + 1], meta[n_seq + 1:]
+    gqa = kvh != q.shape[1]
+    for s in range(n_seq):
+        a, b = bounds[s], bounds[s + 1]
+        if a == b:
+            continue
+        num_keys = starts[s] + width
+        nb = -(-num_keys // block_size)
+        kv = pool[:, block_table[s, :nb]].view(2, nb * block_size, kvh, d)[:, :num_keys].transpose(1, 2)
+        if kv.dtype != q.dtype:
+            kv = kv.to(q.dtype)
+        mask = tree_visible_keys(pos[a:b], tree_mask[a:b], starts[s], sliding_window)
+        if batch_invariant:
+            for i in range(a, b):
+                out[:, :, i:i + 1] = F.scaled_dot_product_attention(
+                    q[:, :, i:i + 1], kv[0][None], kv[1][None], attn_mask=mask[i - a:i - a + 1], scale=scale, enable_gqa=gqa)
+            continue
+        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kv[0][None], kv[1][None], attn_mask=mask,
+                                                        scale=scale, enable_gqa=gqa)
+    return out
+
+
 def rowwise_linear_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear one row at a time: each row's result is independent of how many rows there are."""
     rows = x.reshape(-1, x.shape[-1])
@@ -173,7 +228,8 @@ def rowwise_linear_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
 
 
 for _name, _fn in (("attention", attention_ref), ("cached_attention", cached_attention_ref),
-                   ("shared_cached_attention", shared_cached_attention_ref), ("rowwise_linear", rowwise_linear_ref)):
+                   ("shared_cached_attention", shared_cached_attention_ref),
+                   ("tree_cached_attention", tree_cached_attention_ref), ("rowwise_linear", rowwise_linear_ref)):
     _lib.impl(_name, _fn, "CompositeExplicitAutograd")
 
 
@@ -191,6 +247,12 @@ def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, posit
 @torch.library.register_fake("eagle_fx::shared_cached_attention", lib=_lib)
 def _(q, k, v, kv_pool, base_layer, spec_kv, spec_rows, committed_len, block_table, query_start_loc, positions, scale,
       sliding_window):
+    return torch.empty_like(q)
+
+
+@torch.library.register_fake("eagle_fx::tree_cached_attention", lib=_lib)
+def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, tree_mask, tree_start, scale,
+      sliding_window, batch_invariant=False):
     return torch.empty_like(q)
 
 
