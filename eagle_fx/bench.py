@@ -4,7 +4,9 @@ With no arguments it runs the bundled tiny pair (models/tiny-sharegpt) on held-o
 prompts and prints vLLM's block of spec-decode figures. `--compare` adds, measured in the same
 run and one prompt at a time: Hugging Face greedy `generate`, HF static cache + torch.compile,
 HF assisted generation with the bundled assistant, and eagle_fx: tokens/s, speedup over HF
-greedy, and whether each one's output equals HF greedy on every prompt.
+greedy, and whether each one's output equals HF greedy on every prompt. `--draft-tree` runs
+EAGLE-2 dynamic trees instead of a chain; `--tree-vs-chain` measures a tree against chains at
+equal verify width and at equal depth, side by side in one run.
 """
 from __future__ import annotations
 
@@ -50,6 +52,13 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--kv-share-dir", default=None,
                     help="the KV-sharing draft (default: the bundled <method>-kvshare draft)")
     ap.add_argument("--kv-share-lengths", default="64,256,1024", help="prompt lengths for the draft prefill cost")
+    ap.add_argument("--draft-tree", default=None, metavar="TOPK,DEPTH,TOTAL[,SCORE_TEMP]",
+                    help="EAGLE-2 dynamic draft tree instead of a chain: TOPK children per expanded node, DEPTH "
+                         "layers, TOTAL tokens verified, and optionally the temperature of the draft scores that "
+                         "rank nodes (default 1; e.g. 2,6,8 or 2,6,8,0.2)")
+    ap.add_argument("--tree-vs-chain", action="store_true",
+                    help="with --draft-tree: the tree vs a chain of k=TOTAL (equal verify width) and of k=DEPTH "
+                         "(equal depth), interleaved per batch in one run: mean acceptance length, tokens/s")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
@@ -269,8 +278,89 @@ def _check_args(args) -> None:
     for name in ("num_spec_tokens", "num_prompts", "output_len", "max_num_seqs"):
         if getattr(args, name) < 1:
             raise SystemExit(f"eagle-fx bench: --{name.replace('_', '-')} must be >= 1")
+    if args.draft_tree is not None:
+        args.draft_tree = parse_tree(args.draft_tree)
+        other = [flag for flag, on in (("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
+                                       ("--dataset-name sharegpt-multiturn", args.dataset_name == "sharegpt-multiturn")) if on]
+        if other:
+            raise SystemExit(f"eagle-fx bench: --draft-tree runs the main bench or --tree-vs-chain; {other[0]} measures chains")
+    elif args.tree_vs_chain:
+        raise SystemExit("eagle-fx bench: --tree-vs-chain needs --draft-tree TOPK,DEPTH,TOTAL")
     if args.model_dir is None and not (BUNDLED / "base").exists():
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
+
+
+def parse_tree(text) -> dict:
+    """'3,4,8[,0.2]' -> dict(top_k=3, depth=4, total_tokens=8[, score_temperature=0.2]), checked like
+    eagle_fx.compile checks it."""
+    if isinstance(text, dict):
+        return text
+    from eagle_fx.draft_tree import DraftTree
+
+    parts = str(text).split(",")
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError
+        tree = dict(top_k=int(parts[0]), depth=int(parts[1]), total_tokens=int(parts[2]))
+        if len(parts) == 4:
+            tree["score_temperature"] = float(parts[3])
+    except ValueError:
+        raise SystemExit(f"eagle-fx bench: --draft-tree takes TOPK,DEPTH,TOTAL[,SCORE_TEMP] (e.g. 3,4,8 or 2,6,8,0.2), "
+                         f"got {text!r}") from None
+    try:
+        DraftTree.of(tree)
+    except ValueError as e:
+        raise SystemExit(f"eagle-fx bench: --draft-tree {text}: {e}") from None
+    return tree
+
+
+def run_tree_vs_chain(args, base, draft, prompts, eos, backend) -> list[dict]:
+    """One tree model and two chains over the same graphs (k = TOTAL: the same verify width;
+    k = DEPTH: the same longest path), each batch run by all three in turn."""
+    import eagle_fx
+
+    tree = args.draft_tree
+    max_len = max(len(p) for p in prompts) + args.output_len
+    t0 = time.perf_counter()
+    tree_model = eagle_fx.compile(base, draft, prefill_shift=args.prefill_shift, backend=backend,
+                                  max_batch_size=args.max_num_seqs, max_seq_len=max_len, draft_tree=tree)
+    setup_s = time.perf_counter() - t0
+    width, depth, tau = tree["total_tokens"], tree["depth"], tree.get("score_temperature", 1.0)
+    name = f"tree {tree['top_k']},{depth},{width}"
+    runs = [(f"chain k={width} (verify width {width + 1})", tree_model.replace(draft_tree=None, num_spec_tokens=width)),
+            (f"chain k={depth} (depth {depth})", tree_model.replace(draft_tree=None, num_spec_tokens=depth))]
+    if tau != 1.0:  # EAGLE-2's own scores too
+        runs.append((f"{name} score temp 1 (verify width {width + 1})",
+                     tree_model.replace(draft_tree=tree | {"score_temperature": 1.0})))
+    runs.append((f"{name} score temp {tau:g} (verify width {width + 1})", tree_model))
+    sampling = dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    for _, model in runs:  # warm-up
+        model.replace().generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos, **sampling)
+    stats = [model.new_stats() for _, model in runs]
+    secs = [0.0] * len(runs)
+    outs: list[list] = [[] for _ in runs]
+    for i in tqdm(range(0, len(prompts), args.max_num_seqs), desc="tree vs chain", unit="batch", leave=False):
+        batch = prompts[i:i + args.max_num_seqs]
+        for r, (_, model) in enumerate(runs):
+            t = time.perf_counter()
+            out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos, **sampling)
+            secs[r] += time.perf_counter() - t
+            stats[r].merge(out.stats)
+            outs[r] += out.sequences
+    rows = []
+    chain_tps = stats[0].total_num_output_tokens / secs[0]
+    print("-" * 100)
+    print(f"{'draft':<52}{'mean acc len':>13}{'tok/s':>9}{'vs chain k=' + str(width):>16}{'== chain':>10}")
+    for (name, _), st, sec, seqs in zip(runs, stats, secs, outs):
+        st.wall_time_s = sec
+        tps = st.total_num_output_tokens / sec
+        same = sum(a == b for a, b in zip(seqs, outs[0]))
+        print(f"{name:<52}{st.mean_acceptance_length:>13.2f}{tps:>9.1f}{tps / chain_tps:>15.2f}x{f'{same}/{len(seqs)}':>10}")
+        rows.append({"draft": name, **st.as_dict(), "tokens_per_s": tps, "speedup_vs_chain_equal_width": tps / chain_tps,
+                     "outputs_equal_to_chain": same, "setup_s": setup_s})
+    gain = rows[-1]["mean_acceptance_length"] - rows[0]["mean_acceptance_length"]
+    print(f"tree - chain at equal verify width: mean acceptance length {gain:+.2f}")
+    return rows
 
 
 def _timed(fn, prompts, desc, batch: int = 1):
@@ -340,20 +430,22 @@ def run(args) -> dict:
         result = {"config": vars(args), "kv_share": run_kv_share(args, base, draft, tokenizer, prompts, eos, backend)}
         _write_json(args, result)
         return result
+    if args.tree_vs_chain:
+        result = {"config": vars(args), "tree_vs_chain": run_tree_vs_chain(args, base, draft, prompts, eos, backend)}
+        _write_json(args, result)
+        return result
     max_len = max(len(p) for p in prompts) + args.output_len
 
     t0 = time.perf_counter()
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=args.prefill_shift,
                              backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len,
-                             prefix_caching=args.prefix_caching, prefill_chunk_size=args.prefill_chunk_size)
+                             prefix_caching=args.prefix_caching, prefill_chunk_size=args.prefill_chunk_size,
+                             draft_tree=args.draft_tree)
     sampling = dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     model.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos)  # warm-up (compiles)
     model = model.replace()  # fresh pools and prefix cache: the warm-up must not give the timed run free hits
     setup_s = time.perf_counter() - t0
-
-    from eagle_fx.runtime import SpecDecodeStats
-
-    stats = SpecDecodeStats(args.num_spec_tokens)
+    stats = model.new_stats()
 
     def eagle_run(batch):
         out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos, **sampling)
@@ -420,7 +512,10 @@ def _compare(args, base, tokenizer, prompts, eos, pad, eagle_seqs, eagle_s, stat
         rows.append((f"HF assisted ({asst_dir.name})", n_out(out), s, out, 0.0))
     else:
         print(f"note: no assistant model at {asst_dir}; HF assisted generation skipped", file=sys.stderr)
-    rows.append((f"eagle_fx ({args.method}, k={args.num_spec_tokens}, {'eager' if args.enforce_eager else args.backend})", n_out(eagle_seqs), eagle_s, eagle_seqs, 0.0))
+    t = args.draft_tree
+    drafting = f"k={args.num_spec_tokens}" if t is None else f"tree {t['top_k']},{t['depth']},{t['total_tokens']}"
+    rows.append((f"eagle_fx ({args.method}, {drafting}, {'eager' if args.enforce_eager else args.backend})",
+                 n_out(eagle_seqs), eagle_s, eagle_seqs, 0.0))
 
     base_tps = rows[0][1] / rows[0][2]
     best_hf = max(r[1] / r[2] for r in rows[:-1])

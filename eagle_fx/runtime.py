@@ -722,7 +722,8 @@ class SpeculativeModel:
         dev, bs, tree = self.device, self.options.block_size, self.tree
         long = dict(dtype=torch.long, device=dev)
         A, K, H = dlogits.shape[0], tree.top_k, dhidden.shape[-1]
-        top = torch.log_softmax(dlogits.float(), dim=-1).topk(K, dim=-1)
+        tau = tree.score_temperature
+        top = torch.log_softmax(dlogits.float() / tau, dim=-1).topk(K, dim=-1)
         toks, scores = [self._to_target(top.indices)], [top.values]
         parents = [torch.full((A, K), -1, **long)]
         front_tok, front_score = toks[0], top.values
@@ -744,7 +745,7 @@ class SpeculativeModel:
                                slot_mapping=slot_mapping(bt, seq, (start[:, None] + slot[None]).reshape(-1), bs),
                                block_table=bt, tree_mask=front_mask.reshape(A * K, W), tree_start=start,
                                spec_rows=srow, committed_len=m)
-            child = torch.log_softmax(dl.float(), dim=-1).view(A, K, -1).topk(K, dim=-1)
+            child = torch.log_softmax(dl.float() / tau, dim=-1).view(A, K, -1).topk(K, dim=-1)
             child_score = (front_score[:, :, None] + child.values).reshape(A, K * K)
             toks.append(self._to_target(child.indices).reshape(A, K * K))
             scores.append(child_score)

@@ -45,14 +45,14 @@ def test_bundled_drafts_are_accepted_and_lossless(method):
     assert out.stats.mean_acceptance_length > 1.8
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_bundled_drafts_with_trees_are_lossless(method):
+@pytest.mark.parametrize("method,score_temperature", [("eagle", 1.0), ("eagle3", 0.2)])
+def test_bundled_drafts_with_trees_are_lossless(method, score_temperature):
     """EAGLE-2 trees on the trained pair: greedy == HF, and accepted paths leave the first branch."""
     import eagle_fx
 
     tok, base = _pair()
     model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / method, base), max_batch_size=4,
-                             draft_tree=dict(top_k=3, depth=4, total_tokens=10))
+                             draft_tree=dict(top_k=3, depth=4, total_tokens=10, score_temperature=score_temperature))
     paths = []
     walk = model._compact_path
     model._compact_path = lambda path, accepted, m, bt: (paths.append((path, accepted)), walk(path, accepted, m, bt))
@@ -97,3 +97,26 @@ def test_bench_samples_with_temperature(tmp_path):
     assert r["config"]["temp"] == 0.8
     st = r["eagle_fx"]
     assert 0 < st["total_num_output_tokens"] <= 36 and st["num_draft_tokens"] == 3 * st["num_drafts"]
+
+
+def test_bench_tree_vs_chain(tmp_path, capsys):
+    out = tmp_path / "tree.json"
+    bench_main(["--num-prompts", "2", "--output-len", "8", "--draft-tree", "2,3,4,0.5", "--tree-vs-chain",
+                "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "tree - chain at equal verify width" in printed
+    rows = json.loads(out.read_text())["tree_vs_chain"]
+    assert [r["draft"].split(" (")[0] for r in rows] == ["chain k=4", "chain k=3", "tree 2,3,4 score temp 1",
+                                                        "tree 2,3,4 score temp 0.5"]
+    assert rows[0]["num_draft_tokens"] == 4 * rows[0]["num_drafts"] and rows[-1]["num_draft_tokens"] == 4 * rows[-1]["num_drafts"]
+    assert all(r["outputs_equal_to_chain"] == 2 for r in rows)  # greedy: every drafting gives the same tokens
+    assert all(len(r["acceptance_at"]) == k for r, k in zip(rows, (4, 3, 3, 3)))
+
+
+@pytest.mark.parametrize("argv,message", [(["--draft-tree", "2,3"], "TOPK,DEPTH,TOTAL"),
+                                          (["--draft-tree", "2,2,9"], "candidates"),
+                                          (["--tree-vs-chain"], "needs --draft-tree"),
+                                          (["--draft-tree", "2,3,4", "--shift-table"], "measures chains")])
+def test_bench_tree_arguments_are_checked(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        bench_main(argv)

@@ -86,7 +86,9 @@ def test_sampled_walk_is_distributed_as_the_base():
 
 def test_options_are_checked():
     base, draft = tiny_base("llama"), tiny_draft("llama", "eagle")
-    with pytest.raises(ValueError, match="exactly the keys"):
+    with pytest.raises(ValueError, match="score_temperature"):
+        eagle_fx.compile(base, draft, draft_tree=dict(TREE, score_temperature=0))
+    with pytest.raises(ValueError, match="takes the keys"):
         eagle_fx.compile(base, draft, draft_tree=dict(top_k=2, depth=3))
     with pytest.raises(ValueError, match="positive int"):
         eagle_fx.compile(base, draft, draft_tree=dict(top_k=0, depth=3, total_tokens=4))

@@ -67,7 +67,7 @@ def test_round_trip_draft_tree(tmp_path):
                              draft_tree=tree)
     out = eagle_fx.export(model, tmp_path / "tree")
     manifest = json.loads((out / "manifest.json").read_text())
-    assert {"verify_tree", "draft_tree_step"} <= set(manifest["graphs"]) and manifest["options"]["draft_tree"] == tree
+    assert {"verify_tree", "draft_tree_step"} <= set(manifest["graphs"]) and manifest["options"]["draft_tree"] == tree | {"score_temperature": 1.0}
     loaded = eagle_fx.load_exported(out)
     assert loaded.tree == model.tree
     _same(model, loaded)
