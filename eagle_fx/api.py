@@ -8,6 +8,7 @@ import torch
 from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
+from eagle_fx.multimodal import ImageEncoder, is_vision_language
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
@@ -108,6 +109,9 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     of num_spec_tokens (eagle_fx.draft_tree); the verify is total_tokens + 1 rows per sequence. The
     tree steps run as plain graph calls (no static buffers). model.replace(draft_tree=None,
     num_spec_tokens=k) gives the chain over the same graphs.
+    A vision-language base (LLaVA family: `get_image_features`, image placeholder tokens): the draft
+    attaches to its language model, and generate(..., pixel_values=[...]) takes each prompt's
+    images (eagle_fx.multimodal).
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
@@ -117,7 +121,12 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     _check_pair(base, draft)
     base.eval()
     draft.eval()
-    layer = _kv_share_layer(base, draft, options)
+    vision_language = is_vision_language(base)
+    if vision_language and isinstance(options.kv_share, int) and not isinstance(options.kv_share, bool):
+        raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' or None")
+    if vision_language and options.static_steps:
+        raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
+    layer = _kv_share_layer(base, draft, options) if not vision_language else None
     if layer is not None and options.draft_tree is not None:
         raise ValueError(f"this draft reads base layer {layer}'s K/V (kv_share={options.kv_share!r}), which runs as a chain "
                          "only; for draft_tree pass kv_share=None (the draft keeps its own K/V)")
@@ -139,13 +148,15 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
                      alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
-                     lower=options.backend == "triton", tree=options.draft_tree is not None)
+                     lower=options.backend == "triton", tree=options.draft_tree is not None,
+                     vision_language=vision_language)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
-    model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer))
+    model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer),
+                             image_encoder=ImageEncoder(base) if vision_language else None)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables
 
-        model = SpeculativeModel(graphs, tensorrt_callables(model), options, model.spec)
+        model = SpeculativeModel(graphs, tensorrt_callables(model), options, model.spec, image_encoder=model.image_encoder)
     if options.backend == "inductor":
         model.warmup()  # compile every shape class now, not inside the first generate
     return model

@@ -65,11 +65,12 @@ class DraftStep(nn.Module):
         self.shift = shift
         self.project = project
 
-    def forward(self, input_ids, positions, features, logits_indices, next_tokens, query_start_loc):
+    def forward(self, input_ids, positions, features, logits_indices, next_tokens, query_start_loc, mm_embeds=None):
+        """mm_embeds (vision-language bases): ids >= the vocab size are rows of it (eagle_fx.multimodal)."""
         if self.shift:
             input_ids = shift_left(input_ids, next_tokens, query_start_loc)
         hidden = self.draft.project(features) if self.project else features
-        out = self.draft.body(input_ids, positions, hidden[None])[0][logits_indices]
+        out = self.draft.body(input_ids, positions, hidden[None], mm_embeds=mm_embeds)[0][logits_indices]
         return self.draft.logits(out, self.lm_head), out
 
 
@@ -135,11 +136,13 @@ def _example_inputs(device, t=10, n=3):
 
 def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
             alias_kv: bool = False, kv_share_layer: int | None = None, lower: bool = False,
-            tree: bool = False) -> StepGraphs:
+            tree: bool = False, vision_language: bool = False) -> StepGraphs:
     """alias_kv: the draft's KV becomes one more layer of the base's pool (kv_share="pool");
     kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned;
     lower: swap in the Triton kernels (lower_draft_prefill) in every graph; tree: also the
-    tree-attention copies of the base and draft-step graphs (verify_tree, draft_tree_step)."""
+    tree-attention copies of the base and draft-step graphs (verify_tree, draft_tree_step);
+    vision_language: the base is an image-text model whose language model is captured, and every
+    graph takes mm_embeds (eagle_fx.multimodal)."""
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -148,12 +151,20 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
     pass_log: list[str] = []
     num_layers = base.config.get_text_config().num_hidden_layers
 
-    base_step = BaseStep(base, draft.aux_layer_ids).eval()
-    gm_base = export_graph(base_step, (ids, pos, li), ({1: T}, {1: T}, {0: N}))
+    M = torch.export.Dim("M", min=1, max=1 << 20)
+    dtype = next(draft.parameters()).dtype
+    mm = (torch.zeros(2, base.get_input_embeddings().weight.shape[1], device=dev, dtype=dtype),) if vision_language else ()
+    mm_dyn = ({0: M},) if vision_language else ()
+    if vision_language:
+        from eagle_fx.multimodal import VisionLanguageBaseStep
+
+        base_step = VisionLanguageBaseStep(base, draft.aux_layer_ids).eval()
+    else:
+        base_step = BaseStep(base, draft.aux_layer_ids).eval()
+    gm_base = export_graph(base_step, (ids, pos, li) + mm, ({1: T}, {1: T}, {0: N}) + mm_dyn)
     extra = ("batch_invariant",) if batch_invariant else ()
     gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra, pass_log, num_layers)
 
-    dtype = next(draft.parameters()).dtype
     feats = torch.zeros(ids.shape[1], draft.feature_dim, device=dev, dtype=dtype)
     hidden = torch.zeros(ids.shape[1], draft.config.hidden_size, device=dev, dtype=dtype)
     nxt = torch.zeros(2, dtype=torch.long, device=dev)
@@ -165,8 +176,8 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
         ("draft_step", False, False, hidden),
     ):
         step = DraftStep(draft, lm_head, shift, project).eval()
-        dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1})
-        gm = export_graph(step, (ids, pos, f, li, nxt, qsl), dyn)
+        dyn = ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1}) + mm_dyn
+        gm = export_graph(step, (ids, pos, f, li, nxt, qsl) + mm, dyn)
         passes = CAPTURE_PASSES + (("drop_prefill_shift",) if name == "draft_prefill" and not prefill_shift else ()) + extra
         passes += ("alias_draft_kv",) if alias_kv or kv_share_layer is not None else ()
         passes += ("prune_draft_rows",) if kv_share_layer is not None and name != "draft_step" else ()

@@ -23,6 +23,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eagle_fx.kv_share import resolve_layer, rope_of
+from eagle_fx.multimodal import embed_tokens
 
 
 class DraftAttention(nn.Module):
@@ -89,8 +90,8 @@ class Eagle1Draft(nn.Module):
     def project(self, features):
         return features
 
-    def body(self, input_ids, positions, hidden, attend=None):
-        e = F.embedding(input_ids, self.embed_tokens.weight)  # [B, T, H]
+    def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
+        e = embed_tokens(input_ids, self.embed_tokens.weight, mm_embeds)  # [B, T, H]
         x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
         return self.layers[0](x, cos, sin, attend)
@@ -145,8 +146,8 @@ class Eagle3Draft(nn.Module):
     def project(self, features):
         return self.fc(features)
 
-    def body(self, input_ids, positions, hidden, attend=None):
-        e = F.embedding(input_ids, self.embed_tokens.weight)
+    def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
+        e = embed_tokens(input_ids, self.embed_tokens.weight, mm_embeds)
         x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
         return self.midlayer(e, x, cos, sin, attend)

@@ -154,6 +154,8 @@ class PairSpec:
     feature_dim: int
     kv_share_layer: int | None  # the base layer a KV-sharing draft reads (when compiled so)
     d2t: torch.Tensor | None = None  # EAGLE-3: target id = draft id + d2t[draft id]
+    embed_dim: int = 0  # a vision-language base: the width of its input (and image) embeddings
+    image_token_id: int | None = None  # a vision-language base: its image placeholder token
 
     @classmethod
     def from_pair(cls, base, draft, kv_share_layer: int | None = None) -> "PairSpec":
@@ -163,9 +165,13 @@ class PairSpec:
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         kvh, head_dim = base_kv_shape(base)
         d2t = getattr(draft, "d2t", None)
+        from eagle_fx.multimodal import image_token_id, is_vision_language
+
+        vl = is_vision_language(base)
         return cls(bc.vocab_size, bc.num_hidden_layers, kvh, head_dim, eos, p.device, p.dtype, draft.method,
                    dc.num_key_value_heads, dc.num_attention_heads, dc.head_dim, dc.hidden_size, draft.feature_dim,
-                   kv_share_layer, None if d2t is None else d2t.detach().clone())
+                   kv_share_layer, None if d2t is None else d2t.detach().clone(),
+                   base.get_input_embeddings().weight.shape[1] if vl else 0, image_token_id(base) if vl else None)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
@@ -179,8 +185,9 @@ class SpeculativeModel:
     """
 
     def __init__(self, graphs: StepGraphs | None, callables: dict, options: Options, spec: PairSpec,
-                 input_names: dict[str, list[str]] | None = None):
-        self._init_args = (graphs, callables, spec, input_names)
+                 input_names: dict[str, list[str]] | None = None, image_encoder=None):
+        self._init_args = (graphs, callables, spec, input_names, image_encoder)
+        self.image_encoder = image_encoder  # a vision-language base's images -> embeddings (eagle_fx.multimodal)
         self.graphs = graphs
         self.options = options
         self.spec = spec
@@ -202,7 +209,10 @@ class SpeculativeModel:
         num_blocks = o.num_blocks or o.max_batch_size * self.blocks_per_seq
         self.allocator = BlockAllocator(num_blocks, o.block_size)
         # static steps pad the batch with sequences that live in one scratch block past the allocator's
-        self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton"
+        # a vision-language pair's graphs take the wave's image rows (mm_embeds); generate(pixel_values=)
+        self.mm = "mm_embeds" in self._inputs["base"]
+        self._mm_table = None  # set per wave: [rows, embed_dim], at least one row
+        self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton" and not self.mm
         scratch = int(self.static_steps)
         inputs = self._inputs["draft_step"]
         # kv_mode: "layer" (kv_share=LAYER: the draft reads base layer `draft_layer`, and keeps only its
@@ -268,8 +278,8 @@ class SpeculativeModel:
         bad = sorted(set(changes) - set(self.RUNTIME_OPTIONS))
         if bad:
             raise ValueError(f"replace() takes {self.RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
-        graphs, callables, spec, input_names = self._init_args
-        return SpeculativeModel(graphs, callables, dataclasses.replace(self.options, **changes), spec, input_names)
+        graphs, callables, spec, input_names, encoder = self._init_args
+        return SpeculativeModel(graphs, callables, dataclasses.replace(self.options, **changes), spec, input_names, encoder)
 
     @property
     def num_spec_tokens(self) -> int:
@@ -323,7 +333,7 @@ class SpeculativeModel:
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> GenerateOutput:
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.
 
         temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
@@ -332,15 +342,18 @@ class SpeculativeModel:
         the output is distributed exactly as sampling the base alone. seed makes it reproducible.
         eos_token_id: an id or a list of ids; not given: the base's generation_config eos (as HF
         generate); None: never stop early. Returns .sequences (new tokens per prompt, eos included
-        when hit) and .stats."""
+        when hit) and .stats. pixel_values (a vision-language base): one entry per prompt, None or
+        that prompt's images [num_images, C, H, W]; their features fill the prompt's image
+        placeholder tokens in order (each image is encoded once)."""
         prompts, eos = self._check(prompts, max_new_tokens, eos_token_id)
+        images = self._encode_images(prompts, pixel_values)
         self._sampling = self._sampling_state(temperature, top_p, top_k, seed)
         stats = self.new_stats()
         t0 = time.perf_counter()
         sequences: list[list[int]] = []
         mb = self.options.max_batch_size
         for w in range(0, len(prompts), mb):
-            sequences += self._run_wave(prompts[w:w + mb], max_new_tokens, eos, stats)
+            sequences += self._run_wave(prompts[w:w + mb], max_new_tokens, eos, stats, images[w:w + mb])
         stats.total_num_output_tokens = sum(len(s) for s in sequences)
         stats.wall_time_s = time.perf_counter() - t0
         return GenerateOutput(sequences, stats)
@@ -381,15 +394,82 @@ class SpeculativeModel:
             q.index_add_(1, torch.arange(qd.shape[1], device=qd.device) + self.spec.d2t.to(qd.device), qd)
         return sample(q, gen), q
 
-    def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats) -> list[list[int]]:
+    def _encode_images(self, prompts: list[list[int]], pixel_values) -> list:
+        """Per prompt: None (no images), or (feature rows [n, embed_dim], prefix-cache key tokens)."""
+        from eagle_fx.multimodal import image_key, placeholder_keys
+
+        tid = self.spec.image_token_id
+        if pixel_values is None:
+            if tid is not None:
+                bad = [i for i, p in enumerate(prompts) if tid in p]
+                if bad:
+                    raise ValueError(f"prompt {bad[0]} has image placeholder tokens (id {tid}) but no pixel_values were "
+                                     "given; pass pixel_values=[...] with one entry per prompt")
+            return [None] * len(prompts)
+        if tid is None:
+            raise ValueError("pixel_values given, but the base is not a vision-language model (no image placeholders)")
+        if self.image_encoder is None:
+            raise ValueError("this model has no image encoder (a model loaded from exported graphs): run images through "
+                             "a model from eagle_fx.compile")
+        if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != len(prompts):
+            raise ValueError(f"pixel_values must be a list with one entry per prompt ({len(prompts)}), each None or a "
+                             "[num_images, C, H, W] tensor")
+        out = []
+        for i, (p, pv) in enumerate(zip(prompts, pixel_values)):
+            n_ph = sum(t == tid for t in p)
+            if pv is None:
+                if n_ph:
+                    raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its pixel_values entry is None")
+                out.append(None)
+                continue
+            if not isinstance(pv, torch.Tensor) or pv.dim() != 4 or pv.shape[0] == 0:
+                raise ValueError(f"pixel_values[{i}] must be a [num_images, C, H, W] tensor, got "
+                                 f"{tuple(pv.shape) if isinstance(pv, torch.Tensor) else type(pv).__name__}")
+            if n_ph == 0:
+                raise ValueError(f"pixel_values[{i}] holds {pv.shape[0]} image(s) but prompt {i} has no image placeholder "
+                                 f"tokens (id {tid}); put each image's placeholders in the prompt")
+            feats = self.image_encoder(pv)
+            sizes = [f.shape[0] for f in feats]
+            if sum(sizes) != n_ph:
+                raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its {len(sizes)} image(s) "
+                                 f"give {sum(sizes)} features ({sizes} per image); the counts must match")
+            keys = placeholder_keys(p, tid, [image_key(img) for img in pv], sizes)
+            out.append((torch.cat(feats).to(device=self.device, dtype=self.dtype), keys))
+        return out
+
+    def _wave_images(self, prompts: list[list[int]], images: list) -> tuple[list[list[int]], list[list[int]]]:
+        """Set this wave's image rows (mm_embeds) and return (graph prompts: placeholders as virtual
+        ids vocab_size + row, prefix-cache keys: placeholders as image-content keys)."""
+        if not self.mm:
+            return prompts, prompts
+        rows, graph, keys = [], [], []
+        n = 0
+        for p, img in zip(prompts, images):
+            if img is None:
+                graph.append(p)
+                keys.append(p)
+                continue
+            feats, key = img
+            it = iter(range(self.vocab_size + n, self.vocab_size + n + feats.shape[0]))
+            graph.append([next(it) if t == self.spec.image_token_id else t for t in p])
+            keys.append(key)
+            rows.append(feats)
+            n += feats.shape[0]
+        rows.append(torch.zeros(1, self.spec.embed_dim, device=self.device, dtype=self.dtype))  # never empty
+        self._mm_table = torch.cat(rows)
+        return graph, keys
+
+    def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats,
+                  images: list | None = None) -> list[list[int]]:
         """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
         bs, k = self.options.block_size, self.num_spec_tokens
         caching = self.options.prefix_caching
         rows: list[list[int]] = []
         start: list[int] = []
         valid: list[int | None] = [None] * len(prompts)
+        graph_prompts, keys = self._wave_images(prompts, images or [None] * len(prompts))
         try:
-            for p in prompts:
+            for p, key in zip(prompts, keys):
                 need = self.allocator.blocks_for(len(p) + max_new + self.lookahead)
                 if need > self.allocator.num_blocks:
                     raise PoolExhausted(
@@ -399,7 +479,7 @@ class SpeculativeModel:
                 hit: list[int] = []
                 if caching:
                     usable = (len(p) - 1) // bs  # keep at least one prompt token to compute
-                    hit = self.allocator.match(p, usable)
+                    hit = self.allocator.match(key, usable)
                     if self.options.prefill_shift and hit:
                         # shifted, a block's last draft slot depends on the next block's first token: the
                         # last matched block is recomputed (vLLM drops it the same way)
@@ -417,10 +497,10 @@ class SpeculativeModel:
             stats.prefix_hit_tokens_draft += hits
             computed = sum(len(p) for p in prompts) - hits
             stats.prefill_tokens_computed_base += computed
-            outputs = self._decode(prompts, max_new, eos, stats, block_table, start, carry, valid)
+            outputs = self._decode(prompts, max_new, eos, stats, block_table, start, carry, valid, graph_prompts)
             if caching:
-                for p, out, blocks, n_valid in zip(prompts, outputs, rows, valid):
-                    tokens = p + out
+                for key, out, blocks, n_valid in zip(keys, outputs, rows, valid):
+                    tokens = key + out
                     for i, (b, h) in enumerate(zip(blocks, block_hashes(tokens, bs, min(n_valid, len(tokens)) // bs))):
                         if not self.allocator.register(b, h, tokens[i * bs:(i + 1) * bs]) and self.options.prefill_shift:
                             # shifted, the cached block for this hash ends with a draft slot computed from
@@ -438,6 +518,7 @@ class SpeculativeModel:
         if name not in ("base", "verify_tree"):
             inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
             inputs["spec_kv"] = self.spec_kv
+        inputs.setdefault("mm_embeds", self._mm_table)
         return {k: inputs[k] for k in self._inputs[name]}
 
     def _call(self, name: str, **inputs):
@@ -549,8 +630,9 @@ class SpeculativeModel:
                 pos0[s] = c
         return pending, last_feats, dlogits, dhidden
 
-    def _decode(self, prompts, max_new, eos, stats, block_table, start, carry, valid) -> list[list[int]]:
-        """Prefill then speculate until every sequence stops.
+    def _decode(self, prompts, max_new, eos, stats, block_table, start, carry, valid, graph_prompts=None) -> list[list[int]]:
+        """Prefill then speculate until every sequence stops. graph_prompts: the prompts as the
+        graphs see them (image placeholders as virtual ids; eagle_fx.multimodal).
 
         valid[s] is set, when sequence s stops, to the number of leading positions whose base AND
         draft KV are final (what the prefix cache may keep).
@@ -560,7 +642,7 @@ class SpeculativeModel:
         B = len(prompts)
         long = dict(dtype=torch.long, device=dev)
         clock = self._clock
-        pending, last_feats, dlogits, dhidden = self._prefill(prompts, block_table, stats, start, carry)
+        pending, last_feats, dlogits, dhidden = self._prefill(graph_prompts or prompts, block_table, stats, start, carry)
         outputs: list[list[int]] = [[] for _ in range(B)]
         contexts = [list(p) for p in prompts]
         active = []
@@ -816,7 +898,8 @@ class SpeculativeModel:
                   spec_kv=self.spec_kv, slot_mapping=slot_mapping(bt, seq, pos, bs), block_table=bt,
                   spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
                   committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"),
-                  tree_mask=tree, tree_start=torch.zeros(B, **long))
+                  tree_mask=tree, tree_start=torch.zeros(B, **long),
+                  mm_embeds=torch.zeros(1, max(self.spec.embed_dim, 1), device=dev, dtype=self.dtype))
         return {k: kw[k] for k in self._inputs[name]}
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:

@@ -1,0 +1,114 @@
+"""Vision-language bases (LLaVA-style): the language model the draft attaches to, image encoding,
+and the virtual token ids that carry image embeddings through the step graphs.
+
+A vision-language base is captured as its language model + lm_head over input embeddings, and
+every step graph (base and draft) takes one more input, `mm_embeds [R, H]`. A token id
+v >= vocab_size stands for row v - vocab_size of mm_embeds: its input embedding is that image
+embedding (the vision tower's output, projected), for the base and the draft alike, as vLLM does
+for multimodal EAGLE. The runtime encodes each image once per generate call, puts the rows of a
+wave's images in mm_embeds, and replaces each prompt's image placeholder tokens by the virtual ids
+of its image's rows, in order. So a chunk boundary anywhere, through or beside an image, sees the
+same embeddings as one whole prefill; and the shifted scheme's look-ahead token before an image is
+the virtual id of the image's first row, i.e. the image's first embedding.
+
+Prefix caching keys a placeholder by a hash of its image's pixels and its index in the image, so
+equal placeholder tokens with different images never share blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def is_vision_language(base) -> bool:
+    """A Hugging Face image-text-to-text model (LLaVA family): image features merged at placeholders."""
+    return callable(getattr(base, "get_image_features", None)) and getattr(base.config, "vision_config", None) is not None
+
+
+def image_token_id(base) -> int:
+    c = base.config
+    tid = getattr(c, "image_token_id", None)
+    return int(tid if tid is not None else c.image_token_index)
+
+
+def language_model(base) -> nn.Module:
+    """The decoder the draft attaches to (takes inputs_embeds, returns hidden states)."""
+    inner = getattr(base, "model", None)
+    lm = getattr(inner, "language_model", None) or getattr(base, "language_model", None)
+    if lm is None:
+        raise TypeError(f"eagle_fx: cannot find the language model of {type(base).__name__} (no .model.language_model)")
+    return lm
+
+
+def embed_tokens(input_ids: torch.Tensor, weight: torch.Tensor, mm_embeds: torch.Tensor | None) -> torch.Tensor:
+    """Token embeddings; with mm_embeds, ids >= the vocab size take rows of mm_embeds instead."""
+    if mm_embeds is None:
+        return F.embedding(input_ids, weight)
+    vocab = weight.shape[0]
+    text = F.embedding(input_ids.clamp(max=vocab - 1), weight)
+    image = F.embedding((input_ids - vocab).clamp(min=0), mm_embeds.to(weight.dtype))
+    return torch.where((input_ids < vocab)[..., None], text, image)
+
+
+class VisionLanguageBaseStep(nn.Module):
+    """BaseStep for a vision-language base: its language model on packed tokens whose image
+    placeholders are virtual ids into mm_embeds; logits at `logits_indices`, features at every token."""
+
+    def __init__(self, base: nn.Module, feature_layers: tuple[int, ...] = ()):
+        super().__init__()
+        self.language_model = language_model(base)
+        self.lm_head = base.get_output_embeddings()
+        self.embed = base.get_input_embeddings()
+        self.feature_layers = tuple(feature_layers)
+
+    def forward(self, input_ids, positions, logits_indices, mm_embeds):
+        from eagle_fx.drafts import select_features
+
+        e = embed_tokens(input_ids, self.embed.weight, mm_embeds)
+        out = self.language_model(inputs_embeds=e, position_ids=positions, output_hidden_states=True, use_cache=False)
+        logits = self.lm_head(out.last_hidden_state[:, logits_indices])
+        return logits[0], select_features(out.hidden_states, self.feature_layers)[0]
+
+
+class ImageEncoder:
+    """pixel_values [N, C, H, W] -> one [tokens, H] feature tensor per image (the base's vision tower
+    and projector, run once per image)."""
+
+    def __init__(self, base):
+        self.base = base
+        self.image_token_id = image_token_id(base)
+
+    @torch.no_grad()
+    def __call__(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
+        c = self.base.config
+        p = next(self.base.parameters())
+        out = self.base.get_image_features(pixel_values=pixel_values.to(device=p.device, dtype=p.dtype),
+                                           vision_feature_layer=c.vision_feature_layer,
+                                           vision_feature_select_strategy=c.vision_feature_select_strategy,
+                                           return_dict=True).pooler_output
+        return [f.reshape(-1, f.shape[-1]) for f in out]
+
+
+def image_key(pixels: torch.Tensor) -> int:
+    """A 62-bit content hash of one image's pixels."""
+    data = pixels.detach().to("cpu").contiguous()
+    digest = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes() + str((data.dtype, tuple(data.shape))).encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def placeholder_keys(prompt: list[int], image_tokens: int, keys: list[int], sizes: list[int]) -> list[int]:
+    """The prompt as prefix-cache keys: placeholder j of image g becomes -(1 + hash(image g, j))."""
+    out, img, j = [], 0, 0
+    for t in prompt:
+        if t == image_tokens:
+            out.append(-(1 + hash((keys[img], j)) % (1 << 62)))
+            j += 1
+            if j == sizes[img]:
+                img, j = img + 1, 0
+        else:
+            out.append(t)
+    return out
