@@ -8,7 +8,7 @@ import torch
 from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
-from eagle_fx.multimodal import ImageEncoder, is_vision_language
+from eagle_fx.multimodal import image_inputs_for, is_vision_language
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
@@ -109,9 +109,9 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     of num_spec_tokens (eagle_fx.draft_tree); the verify is total_tokens + 1 rows per sequence. The
     tree steps run as plain graph calls (no static buffers). model.replace(draft_tree=None,
     num_spec_tokens=k) gives the chain over the same graphs.
-    A vision-language base (LLaVA family: `get_image_features`, image placeholder tokens): the draft
-    attaches to its language model, and generate(..., pixel_values=[...]) takes each prompt's
-    images (eagle_fx.multimodal).
+    A vision-language base (LLaVA or Qwen2-VL family: `get_image_features`, image placeholder
+    tokens): the draft attaches to its language model, and generate(..., pixel_values=[...],
+    image_grid_thw=[...]) takes each prompt's images (eagle_fx.multimodal).
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
@@ -149,10 +149,11 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
                      alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
                      lower=options.backend == "triton", tree=options.draft_tree is not None,
-                     vision_language=vision_language)
+                     vision_language=vision_language,
+                     mrope=vision_language and image_inputs_for(base).mrope)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
     model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer),
-                             image_encoder=ImageEncoder(base) if vision_language else None)
+                             image_encoder=image_inputs_for(base) if vision_language else None)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables
 

@@ -136,13 +136,14 @@ def _example_inputs(device, t=10, n=3):
 
 def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batch_invariant: bool = False,
             alias_kv: bool = False, kv_share_layer: int | None = None, lower: bool = False,
-            tree: bool = False, vision_language: bool = False) -> StepGraphs:
+            tree: bool = False, vision_language: bool = False, mrope: bool = False) -> StepGraphs:
     """alias_kv: the draft's KV becomes one more layer of the base's pool (kv_share="pool");
     kv_share_layer: the draft reads that base layer's K/V and its prefill/extend rows are pruned;
     lower: swap in the Triton kernels (lower_draft_prefill) in every graph; tree: also the
     tree-attention copies of the base and draft-step graphs (verify_tree, draft_tree_step);
     vision_language: the base is an image-text model whose language model is captured, and every
-    graph takes mm_embeds (eagle_fx.multimodal)."""
+    graph takes mm_embeds (eagle_fx.multimodal); mrope: its base graph also takes rope_positions
+    [3, 1, T] (Qwen2-VL's M-RoPE)."""
     dev = next(base.parameters()).device
     T = torch.export.Dim("T", min=1, max=1 << 20)
     N = torch.export.Dim("N", min=1, max=1 << 20)
@@ -158,10 +159,11 @@ def capture(base: nn.Module, draft: nn.Module, prefill_shift: bool = False, batc
     if vision_language:
         from eagle_fx.multimodal import VisionLanguageBaseStep
 
-        base_step = VisionLanguageBaseStep(base, draft.aux_layer_ids).eval()
+        base_step = VisionLanguageBaseStep(base, draft.aux_layer_ids, mrope=mrope).eval()
     else:
         base_step = BaseStep(base, draft.aux_layer_ids).eval()
-    gm_base = export_graph(base_step, (ids, pos, li) + mm, ({1: T}, {1: T}, {0: N}) + mm_dyn)
+    rope = (pos[None].expand(3, 1, -1).contiguous(),) if mrope else ()
+    gm_base = export_graph(base_step, (ids, pos, li) + mm + rope, ({1: T}, {1: T}, {0: N}) + mm_dyn + (({2: T},) if mrope else ()))
     extra = ("batch_invariant",) if batch_invariant else ()
     gm_base = run_passes(gm_base, PassContext(root=base_step), "base", CAPTURE_PASSES + extra, pass_log, num_layers)
 

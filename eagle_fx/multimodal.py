@@ -1,5 +1,5 @@
-"""Vision-language bases (LLaVA-style): the language model the draft attaches to, image encoding,
-and the virtual token ids that carry image embeddings through the step graphs.
+"""Vision-language bases (LLaVA and Qwen2-VL families): the language model the draft attaches to,
+image encoding, and the virtual token ids that carry image embeddings through the step graphs.
 
 A vision-language base is captured as its language model + lm_head over input embeddings, and
 every step graph (base and draft) takes one more input, `mm_embeds [R, H]`. A token id
@@ -13,6 +13,12 @@ the virtual id of the image's first row, i.e. the image's first embedding.
 
 Prefix caching keys a placeholder by a hash of its image's pixels and its index in the image, so
 equal placeholder tokens with different images never share blocks.
+
+Qwen2-VL's M-RoPE gives image tokens 3-D (temporal, height, width) positions and later text
+positions shifted by a per-prompt delta, so its base graph takes `rope_positions [3, 1, T]` for
+RoPE besides `positions` (the cache position each token's K/V is stored and masked at). The
+runtime takes a prompt's rope positions from the model's own get_rope_index and gives every later
+token cache position + delta. The draft keeps 1-D RoPE over cache positions.
 """
 from __future__ import annotations
 
@@ -55,34 +61,49 @@ def embed_tokens(input_ids: torch.Tensor, weight: torch.Tensor, mm_embeds: torch
 
 class VisionLanguageBaseStep(nn.Module):
     """BaseStep for a vision-language base: its language model on packed tokens whose image
-    placeholders are virtual ids into mm_embeds; logits at `logits_indices`, features at every token."""
+    placeholders are virtual ids into mm_embeds; logits at `logits_indices`, features at every token.
+    mrope (Qwen2-VL family): the language model's RoPE takes `rope_positions` [3, 1, T] (temporal,
+    height, width), while `positions` stays each token's cache position (what the KV cache keys by)."""
 
-    def __init__(self, base: nn.Module, feature_layers: tuple[int, ...] = ()):
+    def __init__(self, base: nn.Module, feature_layers: tuple[int, ...] = (), mrope: bool = False):
         super().__init__()
         self.language_model = language_model(base)
         self.lm_head = base.get_output_embeddings()
         self.embed = base.get_input_embeddings()
         self.feature_layers = tuple(feature_layers)
+        self.mrope = mrope
 
-    def forward(self, input_ids, positions, logits_indices, mm_embeds):
+    def forward(self, input_ids, positions, logits_indices, mm_embeds, rope_positions=None):
         from eagle_fx.drafts import select_features
 
         e = embed_tokens(input_ids, self.embed.weight, mm_embeds)
-        out = self.language_model(inputs_embeds=e, position_ids=positions, output_hidden_states=True, use_cache=False)
+        out = self.language_model(inputs_embeds=e, position_ids=rope_positions if self.mrope else positions,
+                                  output_hidden_states=True, use_cache=False)
         logits = self.lm_head(out.last_hidden_state[:, logits_indices])
         return logits[0], select_features(out.hidden_states, self.feature_layers)[0]
 
 
-class ImageEncoder:
-    """pixel_values [N, C, H, W] -> one [tokens, H] feature tensor per image (the base's vision tower
-    and projector, run once per image)."""
+class LlavaImages:
+    """LLaVA family: a prompt's pixel_values are [num_images, C, H, W]; no grid sizes."""
+
+    mrope = False
+    pixels_layout = "[num_images, C, H, W]"
 
     def __init__(self, base):
         self.base = base
         self.image_token_id = image_token_id(base)
 
+    def split(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
+        """The pixels of each image (for its content key)."""
+        if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4 or pixel_values.shape[0] == 0:
+            raise ValueError(f"must be a {self.pixels_layout} tensor")
+        if grid is not None:
+            raise ValueError("takes no image_grid_thw (a LLaVA base's images are whole pictures)")
+        return list(pixel_values)
+
     @torch.no_grad()
-    def __call__(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
+    def encode(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
+        """One [tokens, H] feature tensor per image (vision tower + projector, run once per image)."""
         c = self.base.config
         p = next(self.base.parameters())
         out = self.base.get_image_features(pixel_values=pixel_values.to(device=p.device, dtype=p.dtype),
@@ -90,6 +111,56 @@ class ImageEncoder:
                                            vision_feature_select_strategy=c.vision_feature_select_strategy,
                                            return_dict=True).pooler_output
         return [f.reshape(-1, f.shape[-1]) for f in out]
+
+    def rope_positions(self, prompt: list[int], grid) -> tuple[torch.Tensor, int] | None:
+        return None
+
+
+class Qwen2VLImages:
+    """Qwen2-VL family: a prompt's pixel_values are the processor's flattened patches [patches, D]
+    and its image_grid_thw [num_images, 3] (patches per image = t * h * w; tokens per image =
+    t * h * w / spatial_merge_size**2). Its M-RoPE positions come from the model's get_rope_index."""
+
+    mrope = True
+    pixels_layout = "[patches, D] (flattened patches, as the processor gives)"
+
+    def __init__(self, base):
+        self.base = base
+        self.image_token_id = image_token_id(base)
+        self.merge = base.config.vision_config.spatial_merge_size
+
+    def split(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
+        if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 2:
+            raise ValueError(f"must be a {self.pixels_layout} tensor")
+        if not isinstance(grid, torch.Tensor) or grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] == 0:
+            raise ValueError("needs its image_grid_thw: a [num_images, 3] tensor of (t, h, w) patch counts")
+        sizes = grid.prod(-1).tolist()
+        if sum(sizes) != pixel_values.shape[0]:
+            raise ValueError(f"has {pixel_values.shape[0]} patches but its image_grid_thw {grid.tolist()} gives {sum(sizes)}")
+        return [torch.cat([rows.flatten(), g.to(rows.dtype)]) for rows, g in zip(pixel_values.split(sizes), grid)]
+
+    @torch.no_grad()
+    def encode(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
+        p = next(self.base.parameters())
+        out = self.base.model.get_image_features(pixel_values=pixel_values.to(device=p.device, dtype=p.dtype),
+                                                 image_grid_thw=grid.to(p.device), return_dict=True).pooler_output
+        return [f.reshape(-1, f.shape[-1]) for f in out]
+
+    def rope_positions(self, prompt: list[int], grid) -> tuple[torch.Tensor, int] | None:
+        """([3, len] M-RoPE positions of the prompt, delta: a later token at cache position p gets p + delta)."""
+        if grid is None:
+            return None
+        dev = next(self.base.parameters()).device
+        ids = torch.tensor([prompt], device=dev)
+        pos, delta = self.base.model.get_rope_index(ids, mm_token_type_ids=(ids == self.image_token_id).int(),
+                                                    image_grid_thw=grid.to(dev))
+        return pos[:, 0], int(delta.reshape(-1)[0])
+
+
+def image_inputs_for(base):
+    """The image handling of a vision-language base (LLaVA or Qwen2-VL family)."""
+    inner = getattr(base, "model", None)
+    return Qwen2VLImages(base) if callable(getattr(inner, "get_rope_index", None)) else LlavaImages(base)
 
 
 def image_key(pixels: torch.Tensor) -> int:

@@ -212,6 +212,7 @@ class SpeculativeModel:
         # a vision-language pair's graphs take the wave's image rows (mm_embeds); generate(pixel_values=)
         self.mm = "mm_embeds" in self._inputs["base"]
         self._mm_table = None  # set per wave: [rows, embed_dim], at least one row
+        self._rope = None  # M-RoPE bases: set per wave (prompt positions, lengths, deltas)
         self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton" and not self.mm
         scratch = int(self.static_steps)
         inputs = self._inputs["draft_step"]
@@ -333,7 +334,8 @@ class SpeculativeModel:
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None) -> GenerateOutput:
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None,
+                 image_grid_thw=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.
 
         temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
@@ -343,10 +345,11 @@ class SpeculativeModel:
         eos_token_id: an id or a list of ids; not given: the base's generation_config eos (as HF
         generate); None: never stop early. Returns .sequences (new tokens per prompt, eos included
         when hit) and .stats. pixel_values (a vision-language base): one entry per prompt, None or
-        that prompt's images [num_images, C, H, W]; their features fill the prompt's image
+        that prompt's images (LLaVA: [num_images, C, H, W]; Qwen2-VL: the processor's [patches, D]
+        with image_grid_thw=[per prompt [num_images, 3]]); their features fill the prompt's image
         placeholder tokens in order (each image is encoded once)."""
         prompts, eos = self._check(prompts, max_new_tokens, eos_token_id)
-        images = self._encode_images(prompts, pixel_values)
+        images = self._encode_images(prompts, pixel_values, image_grid_thw)
         self._sampling = self._sampling_state(temperature, top_p, top_k, seed)
         stats = self.new_stats()
         t0 = time.perf_counter()
@@ -394,12 +397,15 @@ class SpeculativeModel:
             q.index_add_(1, torch.arange(qd.shape[1], device=qd.device) + self.spec.d2t.to(qd.device), qd)
         return sample(q, gen), q
 
-    def _encode_images(self, prompts: list[list[int]], pixel_values) -> list:
-        """Per prompt: None (no images), or (feature rows [n, embed_dim], prefix-cache key tokens)."""
+    def _encode_images(self, prompts: list[list[int]], pixel_values, image_grid_thw=None) -> list:
+        """Per prompt: None (no images), or (feature rows [n, embed_dim], prefix-cache key tokens,
+        M-RoPE (positions [3, len], delta) or None)."""
         from eagle_fx.multimodal import image_key, placeholder_keys
 
         tid = self.spec.image_token_id
         if pixel_values is None:
+            if image_grid_thw is not None:
+                raise ValueError("image_grid_thw given without pixel_values")
             if tid is not None:
                 bad = [i for i, p in enumerate(prompts) if tid in p]
                 if bad:
@@ -408,33 +414,38 @@ class SpeculativeModel:
             return [None] * len(prompts)
         if tid is None:
             raise ValueError("pixel_values given, but the base is not a vision-language model (no image placeholders)")
-        if self.image_encoder is None:
+        enc = self.image_encoder
+        if enc is None:
             raise ValueError("this model has no image encoder (a model loaded from exported graphs): run images through "
                              "a model from eagle_fx.compile")
         if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != len(prompts):
-            raise ValueError(f"pixel_values must be a list with one entry per prompt ({len(prompts)}), each None or a "
-                             "[num_images, C, H, W] tensor")
+            raise ValueError(f"pixel_values must be a list with one entry per prompt ({len(prompts)}), each None or "
+                             f"a {enc.pixels_layout} tensor")
+        grids = [None] * len(prompts) if image_grid_thw is None else image_grid_thw
+        if not isinstance(grids, (list, tuple)) or len(grids) != len(prompts):
+            raise ValueError(f"image_grid_thw must be a list with one entry per prompt ({len(prompts)})")
         out = []
-        for i, (p, pv) in enumerate(zip(prompts, pixel_values)):
+        for i, (p, pv, grid) in enumerate(zip(prompts, pixel_values, grids)):
             n_ph = sum(t == tid for t in p)
             if pv is None:
                 if n_ph:
                     raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its pixel_values entry is None")
                 out.append(None)
                 continue
-            if not isinstance(pv, torch.Tensor) or pv.dim() != 4 or pv.shape[0] == 0:
-                raise ValueError(f"pixel_values[{i}] must be a [num_images, C, H, W] tensor, got "
-                                 f"{tuple(pv.shape) if isinstance(pv, torch.Tensor) else type(pv).__name__}")
+            try:
+                images = enc.split(pv, grid)
+            except ValueError as e:
+                raise ValueError(f"pixel_values[{i}] {e}") from None
             if n_ph == 0:
-                raise ValueError(f"pixel_values[{i}] holds {pv.shape[0]} image(s) but prompt {i} has no image placeholder "
+                raise ValueError(f"pixel_values[{i}] holds {len(images)} image(s) but prompt {i} has no image placeholder "
                                  f"tokens (id {tid}); put each image's placeholders in the prompt")
-            feats = self.image_encoder(pv)
+            feats = enc.encode(pv, grid)
             sizes = [f.shape[0] for f in feats]
             if sum(sizes) != n_ph:
                 raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its {len(sizes)} image(s) "
                                  f"give {sum(sizes)} features ({sizes} per image); the counts must match")
-            keys = placeholder_keys(p, tid, [image_key(img) for img in pv], sizes)
-            out.append((torch.cat(feats).to(device=self.device, dtype=self.dtype), keys))
+            keys = placeholder_keys(p, tid, [image_key(img) for img in images], sizes)
+            out.append((torch.cat(feats).to(device=self.device, dtype=self.dtype), keys, enc.rope_positions(p, grid)))
         return out
 
     def _wave_images(self, prompts: list[list[int]], images: list) -> tuple[list[list[int]], list[list[int]]]:
@@ -444,12 +455,13 @@ class SpeculativeModel:
             return prompts, prompts
         rows, graph, keys = [], [], []
         n = 0
+        self._rope = self._wave_rope(prompts, images) if "rope_positions" in self._inputs["base"] else None
         for p, img in zip(prompts, images):
             if img is None:
                 graph.append(p)
                 keys.append(p)
                 continue
-            feats, key = img
+            feats, key, _ = img
             it = iter(range(self.vocab_size + n, self.vocab_size + n + feats.shape[0]))
             graph.append([next(it) if t == self.spec.image_token_id else t for t in p])
             keys.append(key)
@@ -458,6 +470,34 @@ class SpeculativeModel:
         rows.append(torch.zeros(1, self.spec.embed_dim, device=self.device, dtype=self.dtype))  # never empty
         self._mm_table = torch.cat(rows)
         return graph, keys
+
+    def _wave_rope(self, prompts, images):
+        """M-RoPE of a wave: (prompt positions [B, 3, max_len], prompt lengths [B], deltas [B])."""
+        long = dict(dtype=torch.long, device=self.device)
+        lens = torch.tensor([len(p) for p in prompts], **long)
+        table = torch.arange(int(lens.max()), **long).expand(len(prompts), 3, -1).clone()
+        delta = torch.zeros(len(prompts), **long)
+        for s, img in enumerate(images):
+            if img is not None and img[2] is not None:
+                pos, d = img[2]
+                table[s, :, :pos.shape[1]] = pos.to(self.device)
+                delta[s] = d
+        return table, lens, delta
+
+    def _rope_positions(self, positions: torch.Tensor, query_start_loc: torch.Tensor, seq_rows) -> torch.Tensor:
+        """[3, 1, T] M-RoPE positions of packed tokens: a prompt token's from get_rope_index, a later
+        token's its cache position + its sequence's delta (text-only: the cache position)."""
+        pos = positions.reshape(-1)
+        if self._rope is None:
+            return pos.expand(3, -1)[:, None].contiguous()
+        table, lens, delta = self._rope
+        n_seq = query_start_loc.shape[0] - 1
+        rows = torch.arange(n_seq, device=pos.device) if seq_rows is None else seq_rows
+        seq = torch.repeat_interleave(rows, query_start_loc.diff(), output_size=pos.shape[0])
+        out = (pos + delta[seq]).expand(3, -1).clone()
+        inside = pos < lens[seq]
+        out[:, inside] = table[seq[inside], :, pos[inside]].T
+        return out[:, None]
 
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats,
                   images: list | None = None) -> list[list[int]]:
@@ -519,6 +559,9 @@ class SpeculativeModel:
             inputs["draft_kv_pool"] = inputs["kv_pool"] = self.draft_pool
             inputs["spec_kv"] = self.spec_kv
         inputs.setdefault("mm_embeds", self._mm_table)
+        if "rope_positions" in self._inputs[name] and "rope_positions" not in inputs:
+            inputs["rope_positions"] = self._rope_positions(inputs["positions"], inputs["query_start_loc"],
+                                                            inputs.get("seq_rows"))
         return {k: inputs[k] for k in self._inputs[name]}
 
     def _call(self, name: str, **inputs):
@@ -597,7 +640,8 @@ class SpeculativeModel:
             last = qsl[1:] - 1
             t = clock()
             logits, feats = self._prefill_call("base", input_ids=ids[None], positions=pos[None], logits_indices=last,
-                                       kv_pool=self.base_pool, slot_mapping=slots, block_table=bt, query_start_loc=qsl)
+                                               kv_pool=self.base_pool, slot_mapping=slots, block_table=bt,
+                                               query_start_loc=qsl, seq_rows=torch.tensor(sel, **long))
             final = [c == lens[s] for s, (a, c) in zip(sel, spans)]
             sampled = self._pick(logits)
             fin = torch.tensor(final, dtype=torch.bool, device=dev)
@@ -752,7 +796,7 @@ class SpeculativeModel:
         logits, feats = self._step("verify", A, input_ids=v_ids[None], positions=v_pos[None],
                                    logits_indices=torch.arange(A * (k + 1), **long), kv_pool=self.base_pool,
                                    slot_mapping=slot_mapping(bt, v_seq, v_pos, bs), block_table=bt,
-                                   query_start_loc=ar[:A + 1] * (k + 1))
+                                   query_start_loc=ar[:A + 1] * (k + 1), seq_rows=srow)
         stats.time_verify_s += clock() - t
         if self._sampling is None:
             accepted, bonus = greedy_accept(D, greedy(logits).view(A, k + 1))
@@ -788,7 +832,7 @@ class SpeculativeModel:
                                    logits_indices=torch.arange(A * (N + 1), **long), kv_pool=self.base_pool,
                                    slot_mapping=slot_mapping(bt, v_seq, logical, bs), block_table=bt,
                                    query_start_loc=torch.arange(A + 1, **long) * (N + 1),
-                                   tree_mask=mask.reshape(A * (N + 1), N + 1), tree_start=m)
+                                   tree_mask=mask.reshape(A * (N + 1), N + 1), tree_start=m, seq_rows=srow)
         stats.time_verify_s += clock() - t
         if self._sampling is None:
             accepted, bonus, path = greedy_walk(parents, tokens, greedy(logits).view(A, N + 1), depth)
