@@ -46,7 +46,7 @@ def _dynamic_shapes(names: list[str]) -> dict:
             "logits_indices": {0: auto}, "next_tokens": {0: auto}, "carry_features": {0: auto},
             "query_start_loc": {0: auto}, "block_table": {0: auto, 1: auto}, "spec_rows": {0: auto},
             "committed_len": {0: auto}, "kv_pool": {2: auto}, "draft_kv_pool": {2: auto}, "spec_kv": {1: auto, 2: auto},
-            "tree_mask": {0: auto, 1: auto}, "tree_start": {0: auto}}
+            "tree_mask": {0: auto, 1: auto}, "tree_start": {0: auto}, "mm_embeds": {0: auto}, "rope_positions": {2: auto}}
     return {n: dims.get(n) for n in names}
 
 

@@ -943,7 +943,8 @@ class SpeculativeModel:
                   spec_rows=torch.arange(B, **long) % self.options.max_batch_size,
                   committed_len=pos[qsl[1:] - 1] + (name == "draft_prefill"),
                   tree_mask=tree, tree_start=torch.zeros(B, **long),
-                  mm_embeds=torch.zeros(1, max(self.spec.embed_dim, 1), device=dev, dtype=self.dtype))
+                  mm_embeds=torch.zeros(1, max(self.spec.embed_dim, 1), device=dev, dtype=self.dtype),
+                  rope_positions=pos.expand(3, -1)[:, None].contiguous())
         return {k: kw[k] for k in self._inputs[name]}
 
     def _keep_block_features(self, bt, seq, pos, feats) -> None:

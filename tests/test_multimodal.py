@@ -197,3 +197,16 @@ def test_errors():
     # the model still works after every refusal
     assert model.generate([PROMPTS[0]], max_new_tokens=4, eos_token_id=None, pixel_values=[PIXELS[0]]).sequences == [
         hf(PROMPTS[0], PIXELS[0], 4)]
+
+
+def test_export_round_trip_text_prompts(tmp_path):
+    """A Qwen2-VL pair exports (image rows and M-RoPE positions are graph inputs); the loaded graphs
+    run text prompts like the in-memory model, and images need the compiled model's vision tower."""
+    model = compiled("qwen2vl")
+    loaded = eagle_fx.load_exported(eagle_fx.export(model, tmp_path / "vl"))
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    assert loaded.generate(prompts, max_new_tokens=8, eos_token_id=None).sequences == model.generate(
+        prompts, max_new_tokens=8, eos_token_id=None).sequences
+    pixels, grid = images(1, 0, "qwen2vl")
+    with pytest.raises(ValueError, match="no image encoder"):
+        loaded.generate([tokens(grid[0], "qwen2vl")], max_new_tokens=2, pixel_values=[pixels], image_grid_thw=[grid])
