@@ -8,7 +8,7 @@ import torch
 from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
-from eagle_fx.multimodal import image_inputs_for, is_vision_language
+from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
@@ -122,6 +122,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     base.eval()
     draft.eval()
     vision_language = is_vision_language(base)
+    if vision_language:
+        check_vision_language(base)
     if vision_language and isinstance(options.kv_share, int) and not isinstance(options.kv_share, bool):
         raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' or None")
     if vision_language and options.static_steps:

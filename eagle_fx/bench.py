@@ -283,7 +283,8 @@ def _check_args(args) -> None:
     if args.draft_tree is not None:
         args.draft_tree = parse_tree(args.draft_tree)
         other = [flag for flag, on in (("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
-                                       ("--dataset-name sharegpt-multiturn", args.dataset_name == "sharegpt-multiturn")) if on]
+                                       ("--dataset-name sharegpt-multiturn", args.dataset_name == "sharegpt-multiturn"),
+                                       ("--dataset-name random-mm", args.dataset_name == "random-mm")) if on]
         if other:
             raise SystemExit(f"eagle-fx bench: --draft-tree runs the main bench or --tree-vs-chain; {other[0]} measures chains")
     elif args.tree_vs_chain:

@@ -91,7 +91,7 @@ class Eagle1Draft(nn.Module):
         return features
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        e = embed_tokens(input_ids, self.embed_tokens.weight, mm_embeds)  # [B, T, H]
+        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds)  # [B, T, H]
         x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
         return self.layers[0](x, cos, sin, attend)
@@ -147,7 +147,7 @@ class Eagle3Draft(nn.Module):
         return self.fc(features)
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        e = embed_tokens(input_ids, self.embed_tokens.weight, mm_embeds)
+        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds)
         x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
         return self.midlayer(e, x, cos, sin, attend)

@@ -29,9 +29,24 @@ import torch.nn.functional as F
 from torch import nn
 
 
+SUPPORTED = ("llava", "qwen2_vl")  # config.model_type of the vision-language families eagle_fx runs
+
+
 def is_vision_language(base) -> bool:
-    """A Hugging Face image-text-to-text model (LLaVA family): image features merged at placeholders."""
+    """A Hugging Face image-text-to-text model (image features merged at placeholder tokens)."""
     return callable(getattr(base, "get_image_features", None)) and getattr(base.config, "vision_config", None) is not None
+
+
+def check_vision_language(base) -> None:
+    """Refuse image-text families eagle_fx does not know (their embedding or RoPE may differ)."""
+    kind = getattr(base.config, "model_type", None)
+    if kind not in SUPPORTED:
+        raise ValueError(f"eagle_fx: vision-language base {type(base).__name__} (model_type {kind!r}) is not supported; "
+                         f"supported families: {SUPPORTED}")
+    rows, vocab = base.get_input_embeddings().num_embeddings, base.config.get_text_config().vocab_size
+    if rows != vocab:
+        raise ValueError(f"eagle_fx: the base's embedding has {rows} rows but its text vocab_size is {vocab}; image "
+                         "rows are addressed past the vocab, so the two must be equal")
 
 
 def image_token_id(base) -> int:
@@ -49,13 +64,14 @@ def language_model(base) -> nn.Module:
     return lm
 
 
-def embed_tokens(input_ids: torch.Tensor, weight: torch.Tensor, mm_embeds: torch.Tensor | None) -> torch.Tensor:
-    """Token embeddings; with mm_embeds, ids >= the vocab size take rows of mm_embeds instead."""
+def embed_tokens(input_ids: torch.Tensor, embed: nn.Embedding, mm_embeds: torch.Tensor | None) -> torch.Tensor:
+    """Token embeddings by the `embed` module; with mm_embeds, ids >= its rows (the vocab size)
+    take rows of mm_embeds instead."""
     if mm_embeds is None:
-        return F.embedding(input_ids, weight)
-    vocab = weight.shape[0]
-    text = F.embedding(input_ids.clamp(max=vocab - 1), weight)
-    image = F.embedding((input_ids - vocab).clamp(min=0), mm_embeds.to(weight.dtype))
+        return F.embedding(input_ids, embed.weight) if type(embed) is nn.Embedding else embed(input_ids)
+    vocab = embed.weight.shape[0]
+    text = embed(input_ids.clamp(max=vocab - 1))
+    image = F.embedding((input_ids - vocab).clamp(min=0), mm_embeds.to(text.dtype))
     return torch.where((input_ids < vocab)[..., None], text, image)
 
 
@@ -76,7 +92,7 @@ class VisionLanguageBaseStep(nn.Module):
     def forward(self, input_ids, positions, logits_indices, mm_embeds, rope_positions=None):
         from eagle_fx.drafts import select_features
 
-        e = embed_tokens(input_ids, self.embed.weight, mm_embeds)
+        e = embed_tokens(input_ids, self.embed, mm_embeds)
         out = self.language_model(inputs_embeds=e, position_ids=rope_positions if self.mrope else positions,
                                   output_hidden_states=True, use_cache=False)
         logits = self.lm_head(out.last_hidden_state[:, logits_indices])
@@ -137,7 +153,7 @@ class Qwen2VLImages:
         sizes = grid.prod(-1).tolist()
         if sum(sizes) != pixel_values.shape[0]:
             raise ValueError(f"has {pixel_values.shape[0]} patches but its image_grid_thw {grid.tolist()} gives {sum(sizes)}")
-        return [torch.cat([rows.flatten(), g.to(rows.dtype)]) for rows, g in zip(pixel_values.split(sizes), grid)]
+        return [(rows, tuple(int(x) for x in g)) for rows, g in zip(pixel_values.split(sizes), grid)]
 
     @torch.no_grad()
     def encode(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
@@ -163,11 +179,12 @@ def image_inputs_for(base):
     return Qwen2VLImages(base) if callable(getattr(inner, "get_rope_index", None)) else LlavaImages(base)
 
 
-def image_key(pixels: torch.Tensor) -> int:
-    """A 62-bit content hash of one image's pixels."""
+def image_key(image) -> int:
+    """A 62-bit content hash of one image: its pixels (dtype and shape included), or (pixels, grid)."""
+    pixels, extra = image if isinstance(image, tuple) else (image, ())
     data = pixels.detach().to("cpu").contiguous()
-    digest = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes() + str((data.dtype, tuple(data.shape))).encode(),
-                             digest_size=8).digest()
+    meta = str((data.dtype, tuple(data.shape), extra)).encode()
+    digest = hashlib.blake2b(data.view(torch.uint8).numpy().tobytes() + meta, digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 2
 
 

@@ -213,6 +213,8 @@ class SpeculativeModel:
         self.mm = "mm_embeds" in self._inputs["base"]
         self._mm_table = None  # set per wave: [rows, embed_dim], at least one row
         self._rope = None  # M-RoPE bases: set per wave (prompt positions, lengths, deltas)
+        if self.mm and o.static_steps:
+            raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
         self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton" and not self.mm
         scratch = int(self.static_steps)
         inputs = self._inputs["draft_step"]
@@ -428,6 +430,8 @@ class SpeculativeModel:
         for i, (p, pv, grid) in enumerate(zip(prompts, pixel_values, grids)):
             n_ph = sum(t == tid for t in p)
             if pv is None:
+                if grid is not None:
+                    raise ValueError(f"image_grid_thw[{i}] is given but pixel_values[{i}] is None")
                 if n_ph:
                     raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its pixel_values entry is None")
                 out.append(None)

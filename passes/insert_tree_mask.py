@@ -13,7 +13,8 @@ After (new graph inputs `tree_mask` [T, W] bool and `tree_start` [B] int64):
 
 A sequence's tree nodes sit in W cache slots from logical index tree_start; a query attends to
 every key below tree_start and to the tree slots its mask row marks (its ancestors and itself),
-while its RoPE position stays `positions` (tree_start + depth). The verify of a draft tree and the
+while its RoPE position stays `positions` (tree_start + depth). Sliding windows apply to both,
+by position (a marked ancestor's position is tree_start + its rank in the row). The verify of a draft tree and the
 draft's own tree expansion steps run such graphs; `capture` makes them from copies of the base and
 draft-step graphs, so the chain graphs stay as they are.
 """

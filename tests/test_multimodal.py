@@ -210,3 +210,15 @@ def test_export_round_trip_text_prompts(tmp_path):
     pixels, grid = images(1, 0, "qwen2vl")
     with pytest.raises(ValueError, match="no image encoder"):
         loaded.generate([tokens(grid[0], "qwen2vl")], max_new_tokens=2, pixel_values=[pixels], image_grid_thw=[grid])
+
+
+def test_unsupported_families_and_static_steps_are_refused():
+    from types import SimpleNamespace
+
+    from eagle_fx.multimodal import check_vision_language
+
+    gemma = SimpleNamespace(config=SimpleNamespace(model_type="gemma3"))
+    with pytest.raises(ValueError, match="model_type 'gemma3'.* not supported"):
+        check_vision_language(gemma)
+    with pytest.raises(ValueError, match="static_steps is not supported"):
+        compiled("llava").replace(static_steps=True)

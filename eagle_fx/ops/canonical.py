@@ -177,9 +177,15 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
 
 def tree_visible_keys(q_pos: Tensor, tree_rows: Tensor, tree_start: int, sliding_window: int) -> Tensor:
     """Bool mask [Tq, tree_start + W]: keys below tree_start by position (and window), then the tree
-    slots each query's row of the tree mask [Tq, W] marks."""
-    past = visible_keys(q_pos, tree_start, sliding_window) if tree_start else tree_rows.new_zeros(len(q_pos), 0)
-    return torch.cat([past, tree_rows.bool()], dim=1)
+    slots each query's row of the tree mask [Tq, W] marks. A row marks the query's ancestors and
+    itself, which in slot order sit at depths 0, 1, ..., so its j-th marked slot is at position
+    tree_start + j: the sliding window applies to them by that position."""
+    tree = tree_rows.bool()
+    past = visible_keys(q_pos, tree_start, sliding_window) if tree_start else tree.new_zeros(len(q_pos), 0)
+    if sliding_window > 0:
+        key_pos = tree_start + tree.long().cumsum(1) - 1
+        tree = tree & (q_pos[:, None] - key_pos < sliding_window)
+    return torch.cat([past, tree], dim=1)
 
 
 def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
