@@ -293,7 +293,7 @@ def _check_args(args) -> None:
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
 
 
-def parse_tree(text) -> dict:
+def parse_tree(text, prog: str = "eagle-fx bench") -> dict:
     """'3,4,8[,0.2]' -> dict(top_k=3, depth=4, total_tokens=8[, score_temperature=0.2]), checked like
     eagle_fx.compile checks it."""
     if isinstance(text, dict):
@@ -308,12 +308,12 @@ def parse_tree(text) -> dict:
         if len(parts) == 4:
             tree["score_temperature"] = float(parts[3])
     except ValueError:
-        raise SystemExit(f"eagle-fx bench: --draft-tree takes TOPK,DEPTH,TOTAL[,SCORE_TEMP] (e.g. 3,4,8 or 2,6,8,0.2), "
+        raise SystemExit(f"{prog}: --draft-tree takes TOPK,DEPTH,TOTAL[,SCORE_TEMP] (e.g. 3,4,8 or 2,6,8,0.2), "
                          f"got {text!r}") from None
     try:
         DraftTree.of(tree)
     except ValueError as e:
-        raise SystemExit(f"eagle-fx bench: --draft-tree {text}: {e}") from None
+        raise SystemExit(f"{prog}: --draft-tree {text}: {e}") from None
     return tree
 
 

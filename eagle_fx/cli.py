@@ -19,7 +19,9 @@ def _generate(args) -> None:
     eagle_dir = Path(args.eagle_dir) if args.eagle_dir else bench.BUNDLED / args.method
     tok = AutoTokenizer.from_pretrained(model_dir)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    model = eagle_fx.compile(base, eagle_fx.load_draft(eagle_dir, base), num_spec_tokens=args.num_spec_tokens)
+    tree = bench.parse_tree(args.draft_tree, "eagle-fx generate") if args.draft_tree else None
+    model = eagle_fx.compile(base, eagle_fx.load_draft(eagle_dir, base), num_spec_tokens=args.num_spec_tokens,
+                             draft_tree=tree)
     text = render(tok, [("user", args.prompt)], add_generation_prompt=True) if not args.raw else args.prompt
     ids = tok(text, add_special_tokens=False)["input_ids"]
     out = model.generate([ids], max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
@@ -68,6 +70,8 @@ def main(argv=None) -> None:
     g.add_argument("--method", choices=["eagle", "eagle3"], default="eagle")
     g.add_argument("--num-spec-tokens", type=int, default=3)
     g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--draft-tree", default=None, metavar="TOPK,DEPTH,TOTAL[,SCORE_TEMP]",
+                   help="EAGLE-2 dynamic draft tree instead of a chain of --num-spec-tokens (e.g. 2,6,8,0.2)")
     g.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
 
     t = sub.add_parser("train-draft", help="train an EAGLE-1/EAGLE-3 draft for a HF base on ShareGPT",

@@ -137,3 +137,16 @@ def test_bench_random_mm(tmp_path, capsys):
     assert [r["scheme"] for r in rows] == ["shifted", "unshifted"]
     assert all(r["total_num_output_tokens"] > 0 and r["mean_acceptance_length"] > 1.0 for r in rows)
     assert "== other" in capsys.readouterr().out
+
+
+def test_generate_cli_with_a_tree(capsys):
+    """`eagle-fx generate --draft-tree`: greedy, so the same text as the chain."""
+    from eagle_fx.cli import main as cli_main
+
+    texts = []
+    for extra in ([], ["--draft-tree", "2,4,6,0.2"]):
+        cli_main(["generate", "Tell me about the sea.", "--max-new-tokens", "16"] + extra)
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and texts[0].strip()
+    with pytest.raises(SystemExit, match="eagle-fx generate: --draft-tree takes"):
+        cli_main(["generate", "x", "--draft-tree", "2,3"])
