@@ -200,3 +200,106 @@ def placeholder_keys(prompt: list[int], image_tokens: int, keys: list[int], size
         else:
             out.append(t)
     return out
+
+
+def prompt_images(encoder, image_token_id: int | None, prompts: list[list[int]], pixel_values, image_grid_thw,
+                  device, dtype) -> list:
+    """Check and encode generate()'s images. Per prompt: None (no images), or (feature rows
+    [n, embed_dim], prefix-cache key tokens, M-RoPE (positions [3, len], delta) or None)."""
+    tid = image_token_id
+    if pixel_values is None:
+        if image_grid_thw is not None:
+            raise ValueError("image_grid_thw given without pixel_values")
+        if tid is not None:
+            bad = [i for i, p in enumerate(prompts) if tid in p]
+            if bad:
+                raise ValueError(f"prompt {bad[0]} has image placeholder tokens (id {tid}) but no pixel_values were "
+                                 "given; pass pixel_values=[...] with one entry per prompt")
+        return [None] * len(prompts)
+    if tid is None:
+        raise ValueError("pixel_values given, but the base is not a vision-language model (no image placeholders)")
+    if encoder is None:
+        raise ValueError("this model has no image encoder (a model loaded from exported graphs): run images through "
+                         "a model from eagle_fx.compile")
+    if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != len(prompts):
+        raise ValueError(f"pixel_values must be a list with one entry per prompt ({len(prompts)}), each None or "
+                         f"a {encoder.pixels_layout} tensor")
+    grids = [None] * len(prompts) if image_grid_thw is None else image_grid_thw
+    if not isinstance(grids, (list, tuple)) or len(grids) != len(prompts):
+        raise ValueError(f"image_grid_thw must be a list with one entry per prompt ({len(prompts)})")
+    out = []
+    for i, (p, pv, grid) in enumerate(zip(prompts, pixel_values, grids)):
+        n_ph = sum(t == tid for t in p)
+        if pv is None:
+            if grid is not None:
+                raise ValueError(f"image_grid_thw[{i}] is given but pixel_values[{i}] is None")
+            if n_ph:
+                raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its pixel_values entry is None")
+            out.append(None)
+            continue
+        try:
+            images = encoder.split(pv, grid)
+        except ValueError as e:
+            raise ValueError(f"pixel_values[{i}] {e}") from None
+        if n_ph == 0:
+            raise ValueError(f"pixel_values[{i}] holds {len(images)} image(s) but prompt {i} has no image placeholder "
+                             f"tokens (id {tid}); put each image's placeholders in the prompt")
+        feats = encoder.encode(pv, grid)
+        sizes = [f.shape[0] for f in feats]
+        if sum(sizes) != n_ph:
+            raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its {len(sizes)} image(s) "
+                             f"give {sum(sizes)} features ({sizes} per image); the counts must match")
+        keys = placeholder_keys(p, tid, [image_key(img) for img in images], sizes)
+        out.append((torch.cat(feats).to(device=device, dtype=dtype), keys, encoder.rope_positions(p, grid)))
+    return out
+
+
+def wave_inputs(prompts: list[list[int]], images: list, vocab_size: int, image_token_id: int, embed_dim: int,
+                mrope: bool, device, dtype):
+    """A wave's (graph prompts: placeholders as virtual ids vocab_size + row, prefix-cache keys:
+    placeholders as image-content keys, mm_embeds [rows, embed_dim] (never empty), M-RoPE table
+    (prompt positions [B, 3, max_len], prompt lengths [B], deltas [B]) or None)."""
+    rows, graph, keys = [], [], []
+    n = 0
+    for p, img in zip(prompts, images):
+        if img is None:
+            graph.append(p)
+            keys.append(p)
+            continue
+        feats, key, _ = img
+        it = iter(range(vocab_size + n, vocab_size + n + feats.shape[0]))
+        graph.append([next(it) if t == image_token_id else t for t in p])
+        keys.append(key)
+        rows.append(feats)
+        n += feats.shape[0]
+    rows.append(torch.zeros(1, embed_dim, device=device, dtype=dtype))
+    rope = None
+    if mrope:
+        long = dict(dtype=torch.long, device=device)
+        lens = torch.tensor([len(p) for p in prompts], **long)
+        table = torch.arange(int(lens.max()), **long).expand(len(prompts), 3, -1).clone()
+        delta = torch.zeros(len(prompts), **long)
+        for s, img in enumerate(images):
+            if img is not None and img[2] is not None:
+                pos, d = img[2]
+                table[s, :, :pos.shape[1]] = pos.to(device)
+                delta[s] = d
+        rope = (table, lens, delta)
+    return graph, keys, torch.cat(rows), rope
+
+
+def rope_positions(rope, positions: torch.Tensor, query_start_loc: torch.Tensor, seq_rows) -> torch.Tensor:
+    """[3, 1, T] M-RoPE positions of packed tokens: a prompt token's from its wave's table, a later
+    token's its cache position + its sequence's delta (no table: the cache position). seq_rows: the
+    wave row of each sequence of the call (None: 0, 1, ...)."""
+    pos = positions.reshape(-1)
+    if rope is None:
+        return pos.expand(3, -1)[:, None].contiguous()
+    table, lens, delta = rope
+    n_seq = query_start_loc.shape[0] - 1
+    rows = torch.arange(n_seq, device=pos.device) if seq_rows is None else seq_rows
+    seq = torch.repeat_interleave(rows, query_start_loc.diff(), output_size=pos.shape[0])
+    out = (pos + delta[seq]).expand(3, -1).clone()
+    inside = pos < lens[seq]
+    out[:, inside] = table[seq[inside], :, pos[inside]].T
+    return out[:, None]

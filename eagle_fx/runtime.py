@@ -24,6 +24,7 @@ from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_ta
 from eagle_fx.capture import StepGraphs
 from eagle_fx.draft_tree import DraftTree, greedy_walk, rerank, sampled_walk, tree_mask
 from eagle_fx.kv_share import base_kv_shape
+from eagle_fx.multimodal import prompt_images, rope_positions, wave_inputs
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept, rejection_accept, sample, warp
 from eagle_fx.static_steps import StaticPrefill, StaticStep
@@ -351,7 +352,8 @@ class SpeculativeModel:
         with image_grid_thw=[per prompt [num_images, 3]]); their features fill the prompt's image
         placeholder tokens in order (each image is encoded once)."""
         prompts, eos = self._check(prompts, max_new_tokens, eos_token_id)
-        images = self._encode_images(prompts, pixel_values, image_grid_thw)
+        images = prompt_images(self.image_encoder, self.spec.image_token_id, prompts, pixel_values, image_grid_thw,
+                               self.device, self.dtype)
         self._sampling = self._sampling_state(temperature, top_p, top_k, seed)
         stats = self.new_stats()
         t0 = time.perf_counter()
@@ -399,110 +401,6 @@ class SpeculativeModel:
             q.index_add_(1, torch.arange(qd.shape[1], device=qd.device) + self.spec.d2t.to(qd.device), qd)
         return sample(q, gen), q
 
-    def _encode_images(self, prompts: list[list[int]], pixel_values, image_grid_thw=None) -> list:
-        """Per prompt: None (no images), or (feature rows [n, embed_dim], prefix-cache key tokens,
-        M-RoPE (positions [3, len], delta) or None)."""
-        from eagle_fx.multimodal import image_key, placeholder_keys
-
-        tid = self.spec.image_token_id
-        if pixel_values is None:
-            if image_grid_thw is not None:
-                raise ValueError("image_grid_thw given without pixel_values")
-            if tid is not None:
-                bad = [i for i, p in enumerate(prompts) if tid in p]
-                if bad:
-                    raise ValueError(f"prompt {bad[0]} has image placeholder tokens (id {tid}) but no pixel_values were "
-                                     "given; pass pixel_values=[...] with one entry per prompt")
-            return [None] * len(prompts)
-        if tid is None:
-            raise ValueError("pixel_values given, but the base is not a vision-language model (no image placeholders)")
-        enc = self.image_encoder
-        if enc is None:
-            raise ValueError("this model has no image encoder (a model loaded from exported graphs): run images through "
-                             "a model from eagle_fx.compile")
-        if not isinstance(pixel_values, (list, tuple)) or len(pixel_values) != len(prompts):
-            raise ValueError(f"pixel_values must be a list with one entry per prompt ({len(prompts)}), each None or "
-                             f"a {enc.pixels_layout} tensor")
-        grids = [None] * len(prompts) if image_grid_thw is None else image_grid_thw
-        if not isinstance(grids, (list, tuple)) or len(grids) != len(prompts):
-            raise ValueError(f"image_grid_thw must be a list with one entry per prompt ({len(prompts)})")
-        out = []
-        for i, (p, pv, grid) in enumerate(zip(prompts, pixel_values, grids)):
-            n_ph = sum(t == tid for t in p)
-            if pv is None:
-                if grid is not None:
-                    raise ValueError(f"image_grid_thw[{i}] is given but pixel_values[{i}] is None")
-                if n_ph:
-                    raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its pixel_values entry is None")
-                out.append(None)
-                continue
-            try:
-                images = enc.split(pv, grid)
-            except ValueError as e:
-                raise ValueError(f"pixel_values[{i}] {e}") from None
-            if n_ph == 0:
-                raise ValueError(f"pixel_values[{i}] holds {len(images)} image(s) but prompt {i} has no image placeholder "
-                                 f"tokens (id {tid}); put each image's placeholders in the prompt")
-            feats = enc.encode(pv, grid)
-            sizes = [f.shape[0] for f in feats]
-            if sum(sizes) != n_ph:
-                raise ValueError(f"prompt {i} has {n_ph} image placeholder tokens (id {tid}) but its {len(sizes)} image(s) "
-                                 f"give {sum(sizes)} features ({sizes} per image); the counts must match")
-            keys = placeholder_keys(p, tid, [image_key(img) for img in images], sizes)
-            out.append((torch.cat(feats).to(device=self.device, dtype=self.dtype), keys, enc.rope_positions(p, grid)))
-        return out
-
-    def _wave_images(self, prompts: list[list[int]], images: list) -> tuple[list[list[int]], list[list[int]]]:
-        """Set this wave's image rows (mm_embeds) and return (graph prompts: placeholders as virtual
-        ids vocab_size + row, prefix-cache keys: placeholders as image-content keys)."""
-        if not self.mm:
-            return prompts, prompts
-        rows, graph, keys = [], [], []
-        n = 0
-        self._rope = self._wave_rope(prompts, images) if "rope_positions" in self._inputs["base"] else None
-        for p, img in zip(prompts, images):
-            if img is None:
-                graph.append(p)
-                keys.append(p)
-                continue
-            feats, key, _ = img
-            it = iter(range(self.vocab_size + n, self.vocab_size + n + feats.shape[0]))
-            graph.append([next(it) if t == self.spec.image_token_id else t for t in p])
-            keys.append(key)
-            rows.append(feats)
-            n += feats.shape[0]
-        rows.append(torch.zeros(1, self.spec.embed_dim, device=self.device, dtype=self.dtype))  # never empty
-        self._mm_table = torch.cat(rows)
-        return graph, keys
-
-    def _wave_rope(self, prompts, images):
-        """M-RoPE of a wave: (prompt positions [B, 3, max_len], prompt lengths [B], deltas [B])."""
-        long = dict(dtype=torch.long, device=self.device)
-        lens = torch.tensor([len(p) for p in prompts], **long)
-        table = torch.arange(int(lens.max()), **long).expand(len(prompts), 3, -1).clone()
-        delta = torch.zeros(len(prompts), **long)
-        for s, img in enumerate(images):
-            if img is not None and img[2] is not None:
-                pos, d = img[2]
-                table[s, :, :pos.shape[1]] = pos.to(self.device)
-                delta[s] = d
-        return table, lens, delta
-
-    def _rope_positions(self, positions: torch.Tensor, query_start_loc: torch.Tensor, seq_rows) -> torch.Tensor:
-        """[3, 1, T] M-RoPE positions of packed tokens: a prompt token's from get_rope_index, a later
-        token's its cache position + its sequence's delta (text-only: the cache position)."""
-        pos = positions.reshape(-1)
-        if self._rope is None:
-            return pos.expand(3, -1)[:, None].contiguous()
-        table, lens, delta = self._rope
-        n_seq = query_start_loc.shape[0] - 1
-        rows = torch.arange(n_seq, device=pos.device) if seq_rows is None else seq_rows
-        seq = torch.repeat_interleave(rows, query_start_loc.diff(), output_size=pos.shape[0])
-        out = (pos + delta[seq]).expand(3, -1).clone()
-        inside = pos < lens[seq]
-        out[:, inside] = table[seq[inside], :, pos[inside]].T
-        return out[:, None]
-
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats,
                   images: list | None = None) -> list[list[int]]:
         """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
@@ -511,7 +409,11 @@ class SpeculativeModel:
         rows: list[list[int]] = []
         start: list[int] = []
         valid: list[int | None] = [None] * len(prompts)
-        graph_prompts, keys = self._wave_images(prompts, images or [None] * len(prompts))
+        graph_prompts = keys = prompts
+        if self.mm:  # this wave's image rows and M-RoPE table; placeholders as virtual ids / image keys
+            graph_prompts, keys, self._mm_table, self._rope = wave_inputs(
+                prompts, images or [None] * len(prompts), self.vocab_size, self.spec.image_token_id, self.spec.embed_dim,
+                "rope_positions" in self._inputs["base"], self.device, self.dtype)
         try:
             for p, key in zip(prompts, keys):
                 need = self.allocator.blocks_for(len(p) + max_new + self.lookahead)
@@ -564,8 +466,8 @@ class SpeculativeModel:
             inputs["spec_kv"] = self.spec_kv
         inputs.setdefault("mm_embeds", self._mm_table)
         if "rope_positions" in self._inputs[name] and "rope_positions" not in inputs:
-            inputs["rope_positions"] = self._rope_positions(inputs["positions"], inputs["query_start_loc"],
-                                                            inputs.get("seq_rows"))
+            inputs["rope_positions"] = rope_positions(self._rope, inputs["positions"], inputs["query_start_loc"],
+                                                      inputs.get("seq_rows"))
         return {k: inputs[k] for k in self._inputs[name]}
 
     def _call(self, name: str, **inputs):
