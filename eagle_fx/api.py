@@ -8,7 +8,7 @@ import torch
 from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
-from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language
+from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language, refuse_options
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
@@ -121,14 +121,11 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     _check_pair(base, draft)
     base.eval()
     draft.eval()
-    vision_language = is_vision_language(base)
-    if vision_language:
+    images = image_inputs_for(base) if is_vision_language(base) else None  # the vision-language handling, if any
+    if images is not None:  # before the capture: fail fast
         check_vision_language(base)
-    if vision_language and isinstance(options.kv_share, int) and not isinstance(options.kv_share, bool):
-        raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' or None")
-    if vision_language and options.static_steps:
-        raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
-    layer = _kv_share_layer(base, draft, options) if not vision_language else None
+        refuse_options(options)
+    layer = _kv_share_layer(base, draft, options) if images is None else None
     if layer is not None and options.draft_tree is not None:
         raise ValueError(f"this draft reads base layer {layer}'s K/V (kv_share={options.kv_share!r}), which runs as a chain "
                          "only; for draft_tree pass kv_share=None (the draft keeps its own K/V)")
@@ -151,11 +148,10 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
                      alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
                      lower=options.backend == "triton", tree=options.draft_tree is not None,
-                     vision_language=vision_language,
-                     mrope=vision_language and image_inputs_for(base).mrope)
+                     vision_language=images is not None, mrope=images is not None and images.mrope)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
     model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer),
-                             image_encoder=image_inputs_for(base) if vision_language else None)
+                             image_encoder=images)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables
 

@@ -340,24 +340,14 @@ def run_tree_vs_chain(args, base, draft, prompts, eos, backend) -> list[dict]:
     sampling = dict(temperature=args.temp, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     for _, model in runs:  # warm-up
         model.replace().generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos, **sampling)
-    stats = [model.new_stats() for _, model in runs]
-    secs = [0.0] * len(runs)
-    outs: list[list] = [[] for _ in runs]
-    for i in tqdm(range(0, len(prompts), args.max_num_seqs), desc="tree vs chain", unit="batch", leave=False):
-        batch = prompts[i:i + args.max_num_seqs]
-        for r, (_, model) in enumerate(runs):
-            t = time.perf_counter()
-            out = model.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos, **sampling)
-            secs[r] += time.perf_counter() - t
-            stats[r].merge(out.stats)
-            outs[r] += out.sequences
+    stats, outs = _interleaved([model for _, model in runs], prompts, args.max_num_seqs, "tree vs chain",
+                               max_new_tokens=args.output_len, eos_token_id=eos, **sampling)
     rows = []
-    chain_tps = stats[0].total_num_output_tokens / secs[0]
+    chain_tps = stats[0].total_num_output_tokens / stats[0].wall_time_s
     print("-" * 100)
     print(f"{'draft':<52}{'mean acc len':>13}{'tok/s':>9}{'vs chain k=' + str(width):>16}{'== chain':>10}")
-    for (name, _), st, sec, seqs in zip(runs, stats, secs, outs):
-        st.wall_time_s = sec
-        tps = st.total_num_output_tokens / sec
+    for (name, _), st, seqs in zip(runs, stats, outs):
+        tps = st.total_num_output_tokens / st.wall_time_s
         same = sum(a == b for a, b in zip(seqs, outs[0]))
         equal = f"{same}/{len(seqs)}" if args.temp == 0 else "-"  # sampled outputs differ by design
         print(f"{name:<52}{st.mean_acceptance_length:>13.2f}{tps:>9.1f}{tps / chain_tps:>15.2f}x{equal:>10}")
@@ -408,28 +398,22 @@ def run_random_mm(args, text_base, eagle_dir, tokenizer, eos, backend) -> list[d
     image_token_id = text_base.config.vocab_size - 1
     vlm = llava_around(text_base, image_token_id, args.seed)
     draft = eagle_fx.load_draft(eagle_dir, vlm)
-    per_image = (16 // 4) ** 2
+    vc = vlm.config.vision_config
+    per_image = (vc.image_size // vc.patch_size) ** 2  # CLIP patches ("default": the CLS token dropped)
     prompts, pixels = random_mm_prompts(args, tokenizer, text_base.config.vocab_size, image_token_id, per_image)
     max_len = max(len(p) for p in prompts) + args.output_len
     names = ("shifted", "unshifted")
-    models = {}
+    models = []
     for name in names:
-        models[name] = eagle_fx.compile(vlm, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=name == "shifted",
-                                        backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len,
-                                        prefix_caching=True, prefill_chunk_size=args.prefill_chunk_size)
-        models[name].replace().generate(prompts[:1], max_new_tokens=4, eos_token_id=eos, pixel_values=pixels[:1])  # warm-up
-    stats = {name: models[name].new_stats() for name in names}
-    outs: dict[str, list] = {name: [] for name in names}
-    for i in tqdm(range(0, len(prompts), args.max_num_seqs), desc="random-mm", unit="batch", leave=False):
-        sl = slice(i, i + args.max_num_seqs)
-        for name in names:  # both schemes on each batch in turn
-            t0 = time.perf_counter()
-            out = models[name].generate(prompts[sl], max_new_tokens=args.output_len, eos_token_id=eos, pixel_values=pixels[sl])
-            stats[name].wall_time_s += time.perf_counter() - t0
-            stats[name].merge(out.stats)  # (merge leaves wall_time_s alone)
-            outs[name] += out.sequences
-    rows = [{"scheme": name, **stats[name].as_dict(),
-             "tokens_per_s": stats[name].total_num_output_tokens / stats[name].wall_time_s} for name in names]
+        models.append(eagle_fx.compile(vlm, draft, num_spec_tokens=args.num_spec_tokens, prefill_shift=name == "shifted",
+                                       backend=backend, max_batch_size=args.max_num_seqs, max_seq_len=max_len,
+                                       prefix_caching=True, prefill_chunk_size=args.prefill_chunk_size))
+        models[-1].replace().generate(prompts[:1], max_new_tokens=4, eos_token_id=eos, pixel_values=pixels[:1])  # warm-up
+    stats, seqs = _interleaved(models, prompts, args.max_num_seqs, "random-mm", per_batch={"pixel_values": pixels},
+                               max_new_tokens=args.output_len, eos_token_id=eos)
+    outs = dict(zip(names, seqs))
+    rows = [{"scheme": name, **st.as_dict(), "tokens_per_s": st.total_num_output_tokens / st.wall_time_s}
+            for name, st in zip(names, stats)]
     n_img = sum(0 if p is None else len(p) for p in pixels)
     print(f"random-mm: {len(prompts)} prompts, {n_img} images ({per_image} tokens each), prefix caching on")
     print("-" * 96)
@@ -439,6 +423,24 @@ def run_random_mm(args, text_base, eagle_dir, tokenizer, eos, backend) -> list[d
         print(f"{r['scheme']:<11}{r['mean_acceptance_length']:>13.2f}{r['tokens_per_s']:>9.1f}"
               f"{r['prefill_tokens_computed_draft']:>24}{r['prefix_hit_tokens_draft']:>19}{f'{same}/{len(prompts)}':>10}")
     return rows
+
+
+def _interleaved(models: list, prompts, batch: int, desc: str, per_batch: dict | None = None, **generate_kwargs):
+    """Every model generates each batch of prompts in turn, so machine load falls on all alike.
+    per_batch: generate arguments with one entry per prompt (sliced like the prompts). Returns per
+    model (stats whose wall_time_s is its own generate time, output sequences)."""
+    stats = [m.new_stats() for m in models]
+    outs: list[list] = [[] for _ in models]
+    for i in tqdm(range(0, len(prompts), batch), desc=desc, unit="batch", leave=False):
+        sl = slice(i, i + batch)
+        sliced = {k: v[sl] for k, v in (per_batch or {}).items()}
+        for m, st, seqs in zip(models, stats, outs):
+            t = time.perf_counter()
+            out = m.generate(prompts[sl], **generate_kwargs, **sliced)
+            st.wall_time_s += time.perf_counter() - t
+            st.merge(out.stats)  # (merge leaves wall_time_s alone)
+            seqs += out.sequences
+    return stats, outs
 
 
 def _timed(fn, prompts, desc, batch: int = 1):

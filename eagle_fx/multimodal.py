@@ -49,6 +49,15 @@ def check_vision_language(base) -> None:
                          "rows are addressed past the vocab, so the two must be equal")
 
 
+def refuse_options(options) -> None:
+    """Options a vision-language pair does not run with."""
+    ks = options.kv_share
+    if isinstance(ks, int) and not isinstance(ks, bool):
+        raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' or None")
+    if options.static_steps:
+        raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
+
+
 def image_token_id(base) -> int:
     c = base.config
     tid = getattr(c, "image_token_id", None)
@@ -68,7 +77,7 @@ def embed_tokens(input_ids: torch.Tensor, embed: nn.Embedding, mm_embeds: torch.
     """Token embeddings by the `embed` module; with mm_embeds, ids >= its rows (the vocab size)
     take rows of mm_embeds instead."""
     if mm_embeds is None:
-        return F.embedding(input_ids, embed.weight) if type(embed) is nn.Embedding else embed(input_ids)
+        return embed(input_ids)
     vocab = embed.weight.shape[0]
     text = embed(input_ids.clamp(max=vocab - 1))
     image = F.embedding((input_ids - vocab).clamp(min=0), mm_embeds.to(text.dtype))
@@ -107,7 +116,6 @@ class LlavaImages:
 
     def __init__(self, base):
         self.base = base
-        self.image_token_id = image_token_id(base)
 
     def split(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
         """The pixels of each image (for its content key)."""
@@ -143,7 +151,6 @@ class Qwen2VLImages:
     def __init__(self, base):
         self.base = base
         self.image_token_id = image_token_id(base)
-        self.merge = base.config.vision_config.spatial_merge_size
 
     def split(self, pixel_values: torch.Tensor, grid) -> list[torch.Tensor]:
         if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 2:

@@ -24,7 +24,7 @@ from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes, block_ta
 from eagle_fx.capture import StepGraphs
 from eagle_fx.draft_tree import DraftTree, greedy_walk, rerank, sampled_walk, tree_mask
 from eagle_fx.kv_share import base_kv_shape
-from eagle_fx.multimodal import prompt_images, rope_positions, wave_inputs
+from eagle_fx.multimodal import image_token_id, is_vision_language, prompt_images, refuse_options, rope_positions, wave_inputs
 from eagle_fx.options import Options
 from eagle_fx.sampling import greedy, greedy_accept, rejection_accept, sample, warp
 from eagle_fx.static_steps import StaticPrefill, StaticStep
@@ -166,8 +166,6 @@ class PairSpec:
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
         kvh, head_dim = base_kv_shape(base)
         d2t = getattr(draft, "d2t", None)
-        from eagle_fx.multimodal import image_token_id, is_vision_language
-
         vl = is_vision_language(base)
         return cls(bc.vocab_size, bc.num_hidden_layers, kvh, head_dim, eos, p.device, p.dtype, draft.method,
                    dc.num_key_value_heads, dc.num_attention_heads, dc.head_dim, dc.hidden_size, draft.feature_dim,
@@ -214,8 +212,8 @@ class SpeculativeModel:
         self.mm = "mm_embeds" in self._inputs["base"]
         self._mm_table = None  # set per wave: [rows, embed_dim], at least one row
         self._rope = None  # M-RoPE bases: set per wave (prompt positions, lengths, deltas)
-        if self.mm and o.static_steps:
-            raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
+        if self.mm:
+            refuse_options(o)
         self.static_steps = o.static_steps if o.static_steps is not None else o.backend == "triton" and not self.mm
         scratch = int(self.static_steps)
         inputs = self._inputs["draft_step"]
@@ -402,7 +400,7 @@ class SpeculativeModel:
         return sample(q, gen), q
 
     def _run_wave(self, prompts: list[list[int]], max_new: int, eos: set[int], stats: SpecDecodeStats,
-                  images: list | None = None) -> list[list[int]]:
+                  images: list) -> list[list[int]]:
         """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
         bs, k = self.options.block_size, self.num_spec_tokens
         caching = self.options.prefix_caching
@@ -412,7 +410,7 @@ class SpeculativeModel:
         graph_prompts = keys = prompts
         if self.mm:  # this wave's image rows and M-RoPE table; placeholders as virtual ids / image keys
             graph_prompts, keys, self._mm_table, self._rope = wave_inputs(
-                prompts, images or [None] * len(prompts), self.vocab_size, self.spec.image_token_id, self.spec.embed_dim,
+                prompts, images, self.vocab_size, self.spec.image_token_id, self.spec.embed_dim,
                 "rope_positions" in self._inputs["base"], self.device, self.dtype)
         try:
             for p, key in zip(prompts, keys):
@@ -580,7 +578,7 @@ class SpeculativeModel:
                 pos0[s] = c
         return pending, last_feats, dlogits, dhidden
 
-    def _decode(self, prompts, max_new, eos, stats, block_table, start, carry, valid, graph_prompts=None) -> list[list[int]]:
+    def _decode(self, prompts, max_new, eos, stats, block_table, start, carry, valid, graph_prompts) -> list[list[int]]:
         """Prefill then speculate until every sequence stops. graph_prompts: the prompts as the
         graphs see them (image placeholders as virtual ids; eagle_fx.multimodal).
 
@@ -592,7 +590,7 @@ class SpeculativeModel:
         B = len(prompts)
         long = dict(dtype=torch.long, device=dev)
         clock = self._clock
-        pending, last_feats, dlogits, dhidden = self._prefill(graph_prompts or prompts, block_table, stats, start, carry)
+        pending, last_feats, dlogits, dhidden = self._prefill(graph_prompts, block_table, stats, start, carry)
         outputs: list[list[int]] = [[] for _ in range(B)]
         contexts = [list(p) for p in prompts]
         active = []
