@@ -2,7 +2,6 @@
 __version__ = "0.1.0.dev0"
 
 from eagle_fx.api import compile, load_draft  # noqa: E402,A004
-from eagle_fx import export as export_module  # noqa: E402
 from eagle_fx.export import export, load_exported  # noqa: E402
 
 __all__ = ["compile", "export", "load_draft", "load_exported", "__version__"]

@@ -10,6 +10,7 @@ from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
 from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language, refuse_options
 from eagle_fx.options import Options
+from eagle_fx.pipeline import CapturePlan
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 
 log = logging.getLogger("eagle_fx")
@@ -36,7 +37,8 @@ def _check_pair(base, draft) -> None:
     ignored = [f"{k}={getattr(gc, k)}" for k, neutral in (("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0))
                if gc is not None and getattr(gc, k, None) not in (None, neutral)]
     if ignored:
-        log.warning("eagle_fx decodes plain greedy: the base's generation_config %s is not applied", ", ".join(ignored))
+        log.warning("eagle_fx does not apply the base's generation_config %s (it decodes greedy, or samples with "
+                    "generate's temperature / top_k / top_p)", ", ".join(ignored))
 
 
 def _kv_share_layer(base, draft, options: Options) -> int | None:
@@ -101,7 +103,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     kv_share="auto" (default): the draft's trained LAYER for a sharing draft, else "pool".
     kv_share=None: the draft keeps a pool of its own.
     backend: "eager" (the step graphs as GraphModules), "inductor" (torch.compile of each graph,
-    warmed up here), "triton" (lower_draft_prefill swaps in the Triton kernels; needs CUDA, or
+    warmed up here), "triton" (lower_to_triton swaps in the Triton kernels; needs CUDA, or
     TRITON_INTERPRET=1 set before eagle_fx is imported). static_steps runs the draft step and the
     verify over per-batch-bucket static buffers, captured as CUDA graphs on a GPU (default: on for
     backend="triton"). "tensorrt": each step graph exported and compiled by torch_tensorrt (CUDA).
@@ -145,13 +147,15 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             raise ValueError(f"backend='tensorrt' cannot run here: {e}") from None
         if device.type != "cuda":
             raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
-    graphs = capture(base, draft, prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant,
-                     alias_kv=layer is None and _can_alias_kv(base, draft, options), kv_share_layer=layer,
-                     lower=options.backend == "triton", tree=options.draft_tree is not None,
-                     vision_language=images is not None, mrope=images is not None and images.mrope)
+    draft_kv = "layer" if layer is not None else "pool" if _can_alias_kv(base, draft, options) else "own"
+    plan = CapturePlan(prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant, draft_kv=draft_kv,
+                       kv_share_layer=layer, lower_to_triton=options.backend == "triton",
+                       tree=options.draft_tree is not None, vision_language=images is not None,
+                       mrope=images is not None and images.mrope)
+    graphs = capture(base, draft, plan)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
-    model = SpeculativeModel(graphs, callables, options, PairSpec.from_pair(base, draft, kv_share_layer=layer),
-                             image_encoder=images)
+    spec = PairSpec.from_pair(base, draft, draft_kv=draft_kv, kv_share_layer=layer, mrope=plan.mrope)
+    model = SpeculativeModel(graphs, callables, options, spec, image_encoder=images)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables
 

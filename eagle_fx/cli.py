@@ -3,25 +3,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from eagle_fx import bench
+from eagle_fx.bench.args import parse_tree
+from eagle_fx.bundled import load_pair, pair_dirs
 
 
 def _generate(args) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import eagle_fx
     from eagle_fx.train import render
 
-    model_dir = Path(args.model_dir) if args.model_dir else bench.BUNDLED / "base"
-    eagle_dir = Path(args.eagle_dir) if args.eagle_dir else bench.BUNDLED / args.method
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-    tree = bench.parse_tree(args.draft_tree, "eagle-fx generate") if args.draft_tree else None
-    model = eagle_fx.compile(base, eagle_fx.load_draft(eagle_dir, base), num_spec_tokens=args.num_spec_tokens,
-                             draft_tree=tree)
+    tree = parse_tree(args.draft_tree, "eagle-fx generate") if args.draft_tree else None
+    tok, base, draft = load_pair(*pair_dirs(args.model_dir, args.eagle_dir, args.method))
+    model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, draft_tree=tree)
     text = render(tok, [("user", args.prompt)], add_generation_prompt=True) if not args.raw else args.prompt
     ids = tok(text, add_special_tokens=False)["input_ids"]
     out = model.generate([ids], max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)

@@ -1,4 +1,5 @@
-"""EAGLE-2 dynamic draft trees: expansion, re-ranking, the tree mask, and acceptance along a tree.
+"""EAGLE-2 dynamic draft trees: the shape, re-ranking and the tree mask (growth: eagle_fx.runtime.proposer;
+acceptance along a tree: eagle_fx.runtime.verifier).
 
 A tree is grown from the draft's distribution after the last committed token (the root, which is
 the pending token the verify starts with):
@@ -107,63 +108,3 @@ def rerank(tokens: torch.Tensor, scores: torch.Tensor, parent_cand: torch.Tensor
     if bool(((parents >= 0) & (keep.gather(1, parents.clamp_min(0)) != parent)).any()):
         raise AssertionError("eagle_fx draft tree: a kept node's parent was not kept")
     return tokens.gather(1, keep), parents
-
-
-def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, depth: int):
-    """Acceptance along trees under greedy decoding.
-
-    parents/tokens [B, N]; target [B, N+1] the base's argmax at [root, nodes]. Returns
-    (accepted [B], bonus [B], path [B, depth+1]): path[:, 0] = 0 (the root), path[:, j] the node
-    (1-based, into [root, nodes]) accepted at depth j (the last accepted node repeats past it)."""
-    B, N = parents.shape
-    rows = torch.arange(B, device=parents.device)
-    cur = torch.zeros(B, dtype=torch.long, device=parents.device)
-    alive = torch.ones(B, dtype=torch.bool, device=parents.device)
-    accepted = torch.zeros_like(cur)
-    path = torch.zeros(B, depth + 1, dtype=torch.long, device=parents.device)
-    for j in range(1, depth + 1):
-        want = target[rows, cur]
-        match = (parents == (cur - 1)[:, None]) & (tokens == want[:, None]) & alive[:, None]
-        found = match.any(1)
-        child = match.long().argmax(1) + 1  # the first matching child
-        cur = torch.where(found, child, cur)
-        accepted += found.long()
-        alive &= found
-        path[:, j] = cur
-    return accepted, target[rows, cur], path
-
-
-def sampled_walk(parents: torch.Tensor, tokens: torch.Tensor, p: torch.Tensor, depth: int,
-                 generator: torch.Generator | None):
-    """Acceptance along trees under sampling. p [B, N+1, V]: the base's warped distribution at
-    [root, nodes]. Returns (accepted, next token, path) as greedy_walk."""
-    B, N = parents.shape
-    par, tok = parents.tolist(), tokens.tolist()
-    accepted, bonus = [0] * B, [0] * B
-    path = torch.zeros(B, depth + 1, dtype=torch.long)
-    for b in range(B):
-        cur = 0
-        for j in range(1, depth + 2):
-            dist = p[b, cur].clone()
-            children = [i for i in range(N) if par[b][i] == cur - 1]
-            nxt = None
-            for i in children:
-                x = tok[b][i]
-                mass = float(dist.sum())
-                px = float(dist[x])
-                u = float(torch.rand((), generator=generator, device=p.device))
-                if mass > 0 and u * mass < px:
-                    nxt = i + 1
-                    break
-                dist[x] = 0  # rejected: x cannot be the next token; draw from what is left
-            if nxt is None or j > depth:
-                if float(dist.sum()) <= 0:  # every token with mass was a rejected child: cannot happen
-                    dist = p[b, cur].clone()
-                bonus[b] = int(torch.multinomial(dist / dist.sum(), 1, generator=generator))
-                path[b, j:] = cur
-                break
-            cur = nxt
-            accepted[b] += 1
-            path[b, j] = cur
-    dev = parents.device
-    return torch.tensor(accepted, device=dev), torch.tensor(bonus, device=dev), path.to(dev)

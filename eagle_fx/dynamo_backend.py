@@ -7,12 +7,12 @@ AOTAutograd; on the aten graph the eagle_fx passes run:
   canonicalize_attention   causal scaled_dot_product_attention without an explicit mask ->
                            eagle_fx::attention (an explicit mask, e.g. padding or a sliding
                            window, keeps the SDPA: its semantics are the mask's)
-  lower_draft_prefill      the Triton fusions (RMSNorm + residual, SwiGLU, ...), where Triton can
+  lower_to_triton          the Triton fusions (RMSNorm + residual, SwiGLU, ...), where Triton can
                            run on the graph's device (else skipped, with the reason in the log)
 
 and the result is compiled by inductor. Options (all optional; anything else is an error):
 
-  passes     which passes to run, default ("canonicalize_attention", "lower_draft_prefill")
+  passes     which passes to run, default ("canonicalize_attention", "lower_to_triton")
   inductor   compile the rewritten graph with inductor (default True); False runs it as is
   pass_log   a list the backend appends one line per pass and graph to ("<pass>: N match(es) ...")
 """
@@ -24,7 +24,7 @@ import torch
 
 log = logging.getLogger("eagle_fx")
 
-PASS_NAMES = ("canonicalize_attention", "lower_draft_prefill")
+PASS_NAMES = ("canonicalize_attention", "lower_to_triton")
 OPTIONS = {"passes": PASS_NAMES, "inductor": True, "pass_log": None}
 
 
@@ -47,7 +47,7 @@ def eagle_fx_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.compile_fx import compile_fx
 
-    from eagle_fx.passes import PassContext, canonicalize_attention, lower_draft_prefill
+    from eagle_fx.passes import PassContext, canonicalize_attention, lower_to_triton
 
     sink = opts["pass_log"]
 
@@ -57,7 +57,7 @@ def eagle_fx_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
             if name == "canonicalize_attention":
                 res = canonicalize_attention.run(aten_gm, ctx, only_unmasked=True)
             else:
-                res = lower_draft_prefill.run(aten_gm, ctx)
+                res = lower_to_triton.run(aten_gm, ctx)
             aten_gm = res.gm
             line = f"{name}: {res}"
             log.info("eagle_fx backend: %s", line)

@@ -29,25 +29,15 @@ import torch
 import eagle_fx
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
+from eagle_fx.runtime.signature import StepSignature
 
 TARGETS = ("exported_program", "aoti", "tensorrt")
 SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
-FORMAT = 1
+FORMAT = 2  # 2: the pair records draft_kv and mrope
 
 
 class ExportError(ValueError):
     pass
-
-
-def _dynamic_shapes(names: list[str]) -> dict:
-    """Every token, sequence and pool-size dimension dynamic (export infers how they relate)."""
-    auto = torch.export.Dim.AUTO
-    dims = {"input_ids": {1: auto}, "positions": {1: auto}, "features": {0: auto}, "slot_mapping": {0: auto},
-            "logits_indices": {0: auto}, "next_tokens": {0: auto}, "carry_features": {0: auto},
-            "query_start_loc": {0: auto}, "block_table": {0: auto, 1: auto}, "spec_rows": {0: auto},
-            "committed_len": {0: auto}, "kv_pool": {2: auto}, "draft_kv_pool": {2: auto}, "spec_kv": {1: auto, 2: auto},
-            "tree_mask": {0: auto, 1: auto}, "tree_start": {0: auto}, "mm_embeds": {0: auto}, "rope_positions": {2: auto}}
-    return {n: dims.get(n) for n in names}
 
 
 def _torch_tensorrt():
@@ -65,7 +55,8 @@ def export_step_graph(model: SpeculativeModel, name: str):
     example = model.replace().example_inputs(name, [2, 3])  # scratch pools: this model's KV is untouched
     # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
     with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
-        ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=_dynamic_shapes(model._inputs[name]), strict=False)
+        ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=model.signatures[name].dynamic_shapes(),
+                                 strict=False)
     return ep, example
 
 
@@ -90,7 +81,7 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     for name in model.graphs.names():
-        names = model._inputs[name]
+        names = list(model.signatures[name].inputs)
         ep, example = export_step_graph(model, name)
         path = out / f"{name}{SUFFIX[target]}"
         if target == "exported_program":
@@ -114,13 +105,14 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
         | {"dtype": str(spec.dtype).removeprefix("torch."), "device": spec.device.type},
         "options": {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name not in ("bootstrap", "draft_tree")}
         | {"draft_tree": None if o.draft_tree is None else dataclasses.asdict(o.draft_tree)},
-        "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "kv_mode": model.kv_mode,
-                         "pool_layers": int(model.base_pool.shape[0]), "draft_layer": model.draft_layer,
-                         "spec_kv": "[2, max_batch_size (+1 scratch), k, kv_heads, head_dim]" if model.spec_kv is not None else None},
+        "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "kv_mode": spec.draft_kv,
+                         "pool_layers": int(model.kv_cache.base_pool.shape[0]), "draft_layer": model.kv_cache.draft_layer,
+                         "spec_kv": "[2, max_batch_size (+1 scratch), k, kv_heads, head_dim]"
+                         if model.kv_cache.spec_kv is not None else None},
         "draft_method": spec.draft_method,
         "num_spec_tokens": o.num_spec_tokens,
         "prefill_shift": o.prefill_shift,
-        "kv_share": {"own": None, "pool": "pool", "layer": spec.kv_share_layer}[model.kv_mode],
+        "kv_share": {"own": None, "pool": "pool", "layer": spec.kv_share_layer}[spec.draft_kv],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     return out
@@ -166,7 +158,7 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
             raise ExportError(f"{out} was exported from backend='triton': its graphs need the Triton kernels, "
                               f"which cannot run here ({why})")
         load_kernels()
-    callables, inputs = {}, {}
+    callables, signatures = {}, {}
     for name, g in manifest["graphs"].items():
         path = out / g["file"]
         if target == "aoti":
@@ -177,6 +169,6 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
         else:
             fn = torch.export.load(path).module()
         callables[name] = torch.no_grad()(fn)
-        inputs[name] = list(g["inputs"])
-    model = SpeculativeModel(None, callables, options, spec, inputs)
+        signatures[name] = StepSignature(name, tuple(g["inputs"]))
+    model = SpeculativeModel(None, callables, options, spec, signatures)
     return model.replace(**runtime_options) if runtime_options else model

@@ -1,7 +1,8 @@
 """Train an EAGLE-1 / EAGLE-3 draft for any Hugging Face base on ShareGPT (`eagle-fx train-draft`).
 
-Alignment (DESIGN.md, shifted reference form): draft row i sees token t_{i+1} with base feature f_i
-at position i and predicts t_{i+2}. Loss per unrolled step:
+Alignment (the shifted reference scheme, as eagle_fx.capture captures the draft prefill before
+drop_prefill_shift): draft row i sees token t_{i+1} with base feature f_i at position i and predicts
+t_{i+2}. Loss per unrolled step:
 
     EAGLE-1: smooth_l1(out_i, f_{i+1}) + 0.1 * CE(lm_head(out_i), p_base(. | t_0..t_{i+1}))
     EAGLE-3: CE(lm_head(norm(out_i)), p_base(...))   (EAGLE-3 has no feature target)

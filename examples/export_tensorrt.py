@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 import eagle_fx
-from eagle_fx.bench import BUNDLED
+from eagle_fx.bundled import BUNDLED
+from eagle_fx.export import ExportError
 
 
 def main(argv=None):
@@ -52,7 +53,7 @@ def main(argv=None):
     t = time.perf_counter()
     try:
         out = eagle_fx.export(model, args.out, target=args.target)
-    except eagle_fx.export_module.ExportError as e:
+    except ExportError as e:
         sys.exit(f"   cannot export here: {e}")
     print(f"   {time.perf_counter() - t:.1f}s: " + ", ".join(sorted(p.name for p in Path(out).iterdir())))
     print("4. load_exported")

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eagle_fx.bench import BUNDLED
+from eagle_fx.bundled import BUNDLED
 from eagle_fx.drafts import new_draft, save_draft
 
 

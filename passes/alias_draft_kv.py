@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
-from .insert_kv_cache import graph_input
+from .fx_graph import graph_input
 from .result import PassContext, PassResult
 
 DRAFT_POOL = "draft_kv_pool"

@@ -128,9 +128,9 @@ def _sdpa_args(node: Node):
     return q, k, v, mask, bool(causal), scale
 
 
-def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | None = None,
-        only_unmasked: bool = False) -> PassResult:
-    """only_unmasked: canonicalise only causal SDPA without an explicit mask and leave the rest as
+def run(gm: GraphModule, ctx: PassContext | None = None, only_unmasked: bool = False) -> PassResult:
+    """ctx.expected_attention_layers: the number of matches the model must give (else an error).
+    only_unmasked: canonicalise only causal SDPA without an explicit mask and leave the rest as
     they are (for arbitrary graphs, e.g. the torch.compile backend, where a mask may be padding)."""
     ctx = ctx or PassContext()
     graph = gm.graph
@@ -188,6 +188,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None, expected_layers: int | 
             "eagle_fx::attention (scaled_dot_product_attention); load the model with attn_implementation='sdpa' "
             "(soft-capped attention is not supported)"
         )
+    expected_layers = ctx.expected_attention_layers
     if expected_layers is not None and matches != expected_layers:
         raise ValueError(
             f"eagle_fx: matched {matches} scaled_dot_product_attention op(s) but the model has {expected_layers} "

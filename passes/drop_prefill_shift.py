@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from .insert_kv_cache import graph_input
+from .fx_graph import graph_input
 from .result import PassContext, PassResult
 
 aten = torch.ops.aten

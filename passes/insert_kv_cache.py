@@ -10,9 +10,13 @@ After (new graph inputs `kv_pool` (named by ctx.pool_name), `slot_mapping`, `blo
     out = eagle_fx.cached_attention(q, k, v, kv_pool, layer, slot_mapping, block_table,
                                     query_start_loc, positions, scale, window)
 
-`layer` is the node's ordinal plus `ctx.kv_layer_offset`, so several graphs can share one pool.
-The op writes k/v at `slot_mapping` (mutating `kv_pool`, declared in the op schema) and reads
-each sequence's keys through `block_table`.
+`layer` is the node's layer ordinal (canonicalize_attention's `eagle_fx_layer`), so a graph's
+attention layers are pool layers 0..L-1. The op writes k/v at `slot_mapping` (mutating `kv_pool`,
+declared in the op schema) and reads each sequence's keys through `block_table`.
+
+Graphs share one pool through a later pass, alias_draft_kv: a draft graph gets its attention
+inserted here over a pool of its own (ctx.pool_name="draft_kv_pool"), and alias_draft_kv moves it
+to layer `ctx.shared_pool_layer` of the base's `kv_pool`.
 """
 from __future__ import annotations
 
@@ -21,23 +25,10 @@ from torch.fx import GraphModule
 
 import eagle_fx.ops  # noqa: F401
 
+from .fx_graph import graph_input
 from .result import PassContext, PassResult
 
 CACHE_INPUTS = ("slot_mapping", "block_table", "query_start_loc")
-
-
-def graph_input(gm: GraphModule, name: str, create: bool = True):
-    """The placeholder called `name`, appended after the existing inputs if missing."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for n in placeholders:
-        if n.target == name:
-            return n
-    if not create:
-        raise ValueError(f"eagle_fx: graph has no input named {name!r} (inputs: {[n.target for n in placeholders]})")
-    anchor = placeholders[-1] if placeholders else None
-    ctx = gm.graph.inserting_after(anchor) if anchor is not None else gm.graph.inserting_before(None)
-    with ctx:
-        return gm.graph.placeholder(name)
 
 
 def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
@@ -49,7 +40,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     inputs = {"kv_pool": graph_input(gm, ctx.pool_name)} | {name: graph_input(gm, name) for name in CACHE_INPUTS}
     for i, node in enumerate(nodes):
         q, k, v, scale, window = node.args
-        layer = ctx.kv_layer_offset + node.meta.get("eagle_fx_layer", i)
+        layer = node.meta.get("eagle_fx_layer", i)
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(
                 torch.ops.eagle_fx.cached_attention.default,
@@ -61,4 +52,4 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
         gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
-    return PassResult(gm, len(nodes), [f"pool layers {ctx.kv_layer_offset}..{ctx.kv_layer_offset + len(nodes) - 1}"])
+    return PassResult(gm, len(nodes), [f"pool layers 0..{len(nodes) - 1}"])

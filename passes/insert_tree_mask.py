@@ -21,22 +21,14 @@ draft-step graphs, so the chain graphs stay as they are.
 from __future__ import annotations
 
 import torch
-from torch.fx import Graph, GraphModule
+from torch.fx import GraphModule
 
 import eagle_fx.ops  # noqa: F401
 
-from .insert_kv_cache import graph_input
+from .fx_graph import graph_input
 from .result import PassContext, PassResult
 
 TREE_INPUTS = ("tree_mask", "tree_start")
-
-
-def copy_graph_module(gm: GraphModule) -> GraphModule:
-    """A new GraphModule over a copy of gm's graph that shares gm's parameters and buffers."""
-    g = Graph()
-    out = g.graph_copy(gm.graph, {})
-    g.output(out)
-    return GraphModule(gm, g, class_name=type(gm).__name__)
 
 
 def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:

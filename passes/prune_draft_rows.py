@@ -137,7 +137,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
         return gathered[a]
 
     num_sources = 0
-    for n in region:
+    for n in [n for n in g.nodes if n in region]:  # graph order, so the rewritten graph is the same every run
         for a in list(n.all_input_nodes):
             if a in region:
                 continue

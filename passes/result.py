@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 import torch
 
 
-@dataclass
+@dataclass(frozen=True)
 class PassContext:
-    """What a pass may read besides the graph.
+    """What a pass may read besides the graph (eagle_fx.pipeline declares one per step graph).
 
     root: the nn.Module that was captured (to resolve `nn_module_stack` paths to modules).
-    kv_layer_offset: the first pool layer the graph's attention layers are written to.
+    expected_attention_layers: canonicalize_attention's check: the number of attention layers the
+        model has (a different number of matches is an error); None: no check.
     pool_name: the graph input insert_kv_cache adds for the KV pool.
     shared_pool_layer: the base pool layer alias_draft_kv moves the draft's attention to.
     kv_share_layer: alias_draft_kv with kv_share=LAYER: the base layer whose K/V the draft reads.
@@ -20,7 +21,7 @@ class PassContext:
     """
 
     root: torch.nn.Module | None = None
-    kv_layer_offset: int = 0
+    expected_attention_layers: int | None = None
     pool_name: str = "kv_pool"
     shared_pool_layer: int = 0
     kv_share_layer: int | None = None

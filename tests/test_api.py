@@ -64,7 +64,7 @@ def test_replace_refuses_capture_options():
 
 def test_default_eos_is_the_generation_config_eos():
     model = compiled("llama", "eagle")
-    assert model.default_eos == {tiny_base("llama").generation_config.eos_token_id}
+    assert set(model.spec.eos) == {tiny_base("llama").generation_config.eos_token_id}
 
 
 def test_bootstrap_shape_is_checked():

@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from eagle_fx.bench import BUNDLED, main as bench_main
+from eagle_fx.bench import main as bench_main
+from eagle_fx.bundled import BUNDLED
+from eagle_fx.runtime import TreeProposer
 
 pytestmark = pytest.mark.skipif(not (BUNDLED / "base").exists(), reason="bundled pair missing")
 
@@ -22,7 +24,7 @@ def _pair():
 def _prompts(n):
     from types import SimpleNamespace
 
-    from eagle_fx.bench import load_prompts
+    from eagle_fx.bench.prompts import load_prompts
 
     tok, base = _pair()
     args = SimpleNamespace(dataset_name="sharegpt", dataset_path=None, num_prompts=n, max_prompt_len=512, seed=0)
@@ -54,8 +56,7 @@ def test_bundled_drafts_with_trees_are_lossless(method, score_temperature):
     model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / method, base), max_batch_size=4,
                              draft_tree=dict(top_k=3, depth=4, total_tokens=10, score_temperature=score_temperature))
     paths = []
-    walk = model._compact_path
-    model._compact_path = lambda path, accepted, m, bt: (paths.append((path, accepted)), walk(path, accepted, m, bt))
+    model = model.replace(proposer=TreeProposer(on_path=lambda path, accepted: paths.append((path, accepted))))
     prompts = _prompts(4)
     out = model.generate(prompts, max_new_tokens=32, eos_token_id=tok.eos_token_id)
     with torch.no_grad():
@@ -124,7 +125,7 @@ def test_bench_tree_arguments_are_checked(argv, message):
 
 def test_bench_random_mm(tmp_path, capsys):
     """A LLaVA around the bundled base: its text path is the base's own, so the same draft works."""
-    from eagle_fx.bench import llava_around
+    from eagle_fx.bench.modes.random_mm import llava_around
 
     tok, base = _pair()
     vlm = llava_around(base, base.config.vocab_size - 1)

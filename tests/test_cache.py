@@ -4,7 +4,7 @@ import torch
 
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
-from eagle_fx.cache import BlockAllocator, PoolExhausted, block_hashes
+from eagle_fx.runtime.kv_cache import BlockAllocator, PoolExhausted, block_hashes
 
 
 def test_allocator_refcounts_and_lru_eviction():
@@ -50,9 +50,9 @@ def test_chunked_prefill_kv_bit_identical(method, shift):
         m = model.replace(prefill_chunk_size=chunk)
         out = m.generate(prompt, max_new_tokens=1).sequences
         assert out == ref_out
-        assert torch.equal(m.draft_pool, ref.draft_pool), f"draft KV differs at chunk {chunk}"
-        assert torch.equal(m.base_pool, ref.base_pool)
-    assert ref.draft_pool.abs().sum() > 0
+        assert torch.equal(m.kv_cache.draft_pool, ref.kv_cache.draft_pool), f"draft KV differs at chunk {chunk}"
+        assert torch.equal(m.kv_cache.base_pool, ref.kv_cache.base_pool)
+    assert ref.kv_cache.draft_pool.abs().sum() > 0
 
 
 @pytest.mark.parametrize("shift", [False, True])
@@ -101,8 +101,8 @@ def test_eviction_under_a_tiny_pool_keeps_outputs_right():
     model = _model(prefix_caching=True, block_size=4, max_batch_size=1, max_seq_len=48, num_blocks=12)
     for p in prompts + prompts[:2]:
         assert model.generate([p], max_new_tokens=12).sequences == hf_greedy("llama", [p], 12)
-        assert model.allocator.num_free == 12  # everything released; cached blocks stay evictable
-    assert 0 < model.allocator.num_cached <= 12
+        assert model.kv_cache.allocator.num_free == 12  # everything released; cached blocks stay evictable
+    assert 0 < model.kv_cache.allocator.num_cached <= 12
 
 
 def test_pool_too_small_for_one_request():
@@ -118,4 +118,4 @@ def test_bootstrap_feature_changes_draft_kv_not_output():
     other = zero.replace(bootstrap=torch.full((64,), 0.5))
     a, b = zero.generate(prompts, max_new_tokens=8), other.generate(prompts, max_new_tokens=8)
     assert a.sequences == b.sequences == hf_greedy("llama", prompts, 8)
-    assert not torch.equal(zero.draft_pool, other.draft_pool)
+    assert not torch.equal(zero.kv_cache.draft_pool, other.kv_cache.draft_pool)

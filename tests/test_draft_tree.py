@@ -8,7 +8,9 @@ import torch
 
 import eagle_fx
 from conftest import compiled, hf_greedy, make_prompts, tiny_base, tiny_draft
-from eagle_fx.draft_tree import DraftTree, greedy_walk, rerank, sampled_walk, tree_mask
+from eagle_fx.draft_tree import DraftTree, rerank, tree_mask
+from eagle_fx.runtime import TreeProposer
+from eagle_fx.runtime.verifier import greedy_walk, sampled_walk
 from test_sampling_distribution import chi_square_p
 
 TREE = dict(top_k=2, depth=3, total_tokens=5)
@@ -153,16 +155,13 @@ def test_greedy_matches_hf_with_trees(arch, method, shift, deep, every):
     model = tree_model(arch, method, shift, deep)
     tree = DEEP if deep else TREE
     moved = []
-    compact = model._compact_path
-    model._compact_path = lambda path, accepted, m, bt: (moved.append(
-        bool(((path[:, 1:] != torch.arange(1, path.shape[1])) & (torch.arange(1, path.shape[1]) <= accepted[:, None])).any())),
-        compact(path, accepted, m, bt))
-    model._tree_hook = TruthOnALastBranch(prompts, refs, 96, every)
-    try:
-        out = model.generate(prompts, max_new_tokens=24)
-    finally:
-        del model._tree_hook, model._compact_path
-        model._tree_hook = None
+
+    def record(path, accepted):
+        depth = torch.arange(1, path.shape[1])
+        moved.append(bool(((path[:, 1:] != depth) & (depth <= accepted[:, None])).any()))
+
+    model = model.replace(proposer=TreeProposer(TruthOnALastBranch(prompts, refs, 96, every), on_path=record))
+    out = model.generate(prompts, max_new_tokens=24)
     assert out.sequences == refs
     st = out.stats
     assert st.num_draft_tokens == tree["total_tokens"] * st.num_drafts

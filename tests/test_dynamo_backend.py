@@ -33,7 +33,7 @@ def test_hf_llama_forward_matches_eager_and_logs_matches():
         ref = base(input_ids=ids, use_cache=False).logits
         got = fn(ids)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    lowered = next(line for line in log if line.startswith("lower_draft_prefill"))
+    lowered = next(line for line in log if line.startswith("lower_to_triton"))
     assert "add_rmsnorm 8" in lowered and "swiglu 4" in lowered  # 4 layers: 2 residual norms each, 4 MLPs
     assert any(line.startswith("canonicalize_attention") for line in log)
 

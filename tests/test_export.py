@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import eagle_fx
-from eagle_fx.bench import BUNDLED
+from eagle_fx.bundled import BUNDLED
 from eagle_fx.export import ExportError
 
 PROMPTS = [list(range(5, 25)), list(range(40, 47)), [3, 9, 4]]
@@ -38,7 +38,7 @@ def test_round_trip(tmp_path, target):
     assert manifest["num_spec_tokens"] == 3 and manifest["draft_method"] == "eagle" and manifest["kv_share"] == "pool"
     assert manifest["torch_version"] == torch.__version__ and manifest["eagle_fx_version"] == eagle_fx.__version__
     loaded = eagle_fx.load_exported(out)
-    assert loaded.graphs is None and loaded.kv_mode == "pool"
+    assert loaded.graphs is None and loaded.kv_cache.kv_mode == "pool"
     _same(model, loaded)
     if target == "exported_program":  # sizes are dynamic: other batch / pool sizes and k run too
         other = eagle_fx.load_exported(out, max_batch_size=1, num_spec_tokens=2, max_seq_len=256)
@@ -52,7 +52,7 @@ def test_round_trip_kv_sharing_eagle3(tmp_path):
     base = tiny_base("qwen3")
     model = eagle_fx.compile(base, new_draft(base, "eagle3", seed=3, kv_share=-1), max_batch_size=2, max_seq_len=64)
     loaded = eagle_fx.load_exported(eagle_fx.export(model, tmp_path / "x"))
-    assert loaded.kv_mode == "layer" and loaded.draft_layer == 3 and torch.equal(loaded.spec.d2t, model.spec.d2t)
+    assert loaded.kv_cache.kv_mode == "layer" and loaded.kv_cache.draft_layer == 3 and torch.equal(loaded.spec.d2t, model.spec.d2t)
     prompts = make_prompts(2)
     assert loaded.generate(prompts, max_new_tokens=10).sequences == model.generate(prompts, max_new_tokens=10).sequences
 

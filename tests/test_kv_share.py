@@ -9,6 +9,7 @@ import torch
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base
 from eagle_fx.drafts import new_draft
+from eagle_fx.runtime import ChainProposer
 from eagle_fx.train import base_features, unroll
 from test_runtime import CopyReference
 
@@ -23,7 +24,7 @@ def sharing_draft(arch, method="eagle", layer=-1, seed=11):
                                                ("mistral_swa", "eagle3", 0)])
 def test_greedy_matches_hf(arch, method, layer):
     model = eagle_fx.compile(tiny_base(arch), sharing_draft(arch, method, layer), max_batch_size=3, max_seq_len=128)
-    assert model.kv_mode == "layer" and model.draft_layer == layer % 4
+    assert model.kv_cache.kv_mode == "layer" and model.kv_cache.draft_layer == layer % 4
     prompts = make_prompts(3)
     out = model.generate(prompts, max_new_tokens=MAX_NEW)
     assert out.sequences == hf_greedy(arch, prompts, MAX_NEW)
@@ -39,16 +40,14 @@ class Recorder:
     """Wraps a model's step-graph calls and keeps every draft call's inputs and hidden output."""
 
     def __init__(self, model):
-        self.calls, self._call = [], model._call
-        model._call = self
+        self.calls = []
+        model.executor.add_observer(self)
 
-    def __call__(self, name, **inputs):
-        out = self._call(name, **inputs)
+    def __call__(self, name, inputs, out):
         if name in ("draft_extend", "draft_step"):
             last = inputs["query_start_loc"][1:] - 1
             self.calls.append((inputs["spec_rows"].tolist(), inputs["committed_len"].tolist(),
                                inputs["positions"][0, last].tolist(), out[1].clone()))
-        return out
 
 
 @pytest.mark.parametrize("method,k,every", [("eagle", 3, 0), ("eagle3", 4, 0), ("eagle", 3, 3)])
@@ -60,8 +59,8 @@ def test_draft_states_match_training_attention(method, k, every):
     base, draft = tiny_base(arch), sharing_draft(arch, method)
     prompts = make_prompts(3)
     refs = hf_greedy(arch, prompts, MAX_NEW)
-    model = eagle_fx.compile(base, draft, num_spec_tokens=k, max_batch_size=3, max_seq_len=128)
-    model._propose_hook = CopyReference(prompts, refs, every)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=k, max_batch_size=3, max_seq_len=128).replace(
+        proposer=ChainProposer(CopyReference(prompts, refs, every)))
     rec = Recorder(model)
     assert model.generate(prompts, max_new_tokens=MAX_NEW).sequences == refs
 
@@ -92,20 +91,20 @@ def test_kv_bytes():
     kw = dict(num_spec_tokens=3, max_batch_size=2, max_seq_len=64, block_size=16)
     shared = eagle_fx.compile(base, sharing_draft(arch), **kw)
     pooled = eagle_fx.compile(base, new_draft(base, "eagle", seed=1), **kw)
-    nb, bs = shared.allocator.num_blocks, 16
+    nb, bs = shared.kv_cache.allocator.num_blocks, 16
     per_layer = 2 * nb * bs * kvh * d * elt
     assert shared.kv_bytes() == {"base": L * per_layer, "draft": 2 * 2 * 3 * kvh * d * elt, "draft_per_token": 0}
     assert pooled.kv_bytes() == {"base": L * per_layer, "draft": per_layer, "draft_per_token": 2 * kvh * d * elt}
-    assert shared.base_pool.shape[0] == L and pooled.base_pool.shape[0] == L + 1
+    assert shared.kv_cache.base_pool.shape[0] == L and pooled.kv_cache.base_pool.shape[0] == L + 1
 
 
 def test_auto_follows_the_draft_and_pool_opts_out():
     base = tiny_base("llama")
     draft = sharing_draft("llama", layer=2)
-    assert eagle_fx.compile(base, draft, max_batch_size=1, max_seq_len=64).kv_mode == "layer"
-    assert eagle_fx.compile(base, draft, max_batch_size=1, max_seq_len=64, kv_share="pool").kv_mode == "pool"
+    assert eagle_fx.compile(base, draft, max_batch_size=1, max_seq_len=64).kv_cache.kv_mode == "layer"
+    assert eagle_fx.compile(base, draft, max_batch_size=1, max_seq_len=64, kv_share="pool").kv_cache.kv_mode == "pool"
     plain = new_draft(base, "eagle", seed=1)
-    assert eagle_fx.compile(base, plain, max_batch_size=1, max_seq_len=64).kv_mode == "pool"
+    assert eagle_fx.compile(base, plain, max_batch_size=1, max_seq_len=64).kv_cache.kv_mode == "pool"
 
 
 def test_errors():

@@ -146,7 +146,7 @@ def test_draft_kv_is_bit_identical_chunked(family, shift):
         m = model.replace(prefill_chunk_size=chunk)
         out = generate(m, [prompt], [pixels], [grid], family, max_new_tokens=1)  # prefill only
         assert out.sequences == [hf(prompt, pixels, 1, family, grid)]
-        pools.append(m.draft_pool.clone())
+        pools.append(m.kv_cache.draft_pool.clone())
     n = len(prompt) - shift  # shifted: the last slot waits for the sampled token
     flat = [p[0].reshape(2, -1, *p.shape[-2:])[:, :n] for p in pools]  # the one sequence's slots, in order
     assert flat[0].abs().sum() > 0

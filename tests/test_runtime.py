@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from conftest import ARCHS, compiled, hf_greedy, make_prompts, tiny_base
+from eagle_fx.runtime import ChainProposer
 
 MAX_NEW = 24
 
@@ -66,8 +67,7 @@ class CopyReference:
 def test_forced_accept_path(arch, method, k, every):
     prompts = make_prompts(3)
     refs = hf_greedy(arch, prompts, MAX_NEW)
-    model = compiled(arch, method).replace(num_spec_tokens=k)
-    model._propose_hook = CopyReference(prompts, refs, every)
+    model = compiled(arch, method).replace(num_spec_tokens=k, proposer=ChainProposer(CopyReference(prompts, refs, every)))
     out = model.generate(prompts, max_new_tokens=MAX_NEW)
     assert out.sequences == refs
     st = out.stats
@@ -102,10 +102,10 @@ def test_inductor_backend_matches_hf():
 
 
 def test_model_usable_after_pool_exhausted():
-    from eagle_fx.cache import PoolExhausted
+    from eagle_fx.runtime.kv_cache import PoolExhausted
 
     model = compiled("llama", "eagle").replace(max_batch_size=1, max_seq_len=64)
-    model.allocator.allocate(model.allocator.num_free - 1)  # leave one block: not enough for a request
+    model.kv_cache.allocator.allocate(model.kv_cache.allocator.num_free - 1)  # leave one block: not enough for a request
     with pytest.raises(PoolExhausted, match="KV pool exhausted"):
         model.generate([[1, 2, 3]], max_new_tokens=30)
-    assert model.allocator.num_free == 1
+    assert model.kv_cache.allocator.num_free == 1

@@ -2,7 +2,7 @@
 import torch
 
 from eagle_fx.runtime import SpecDecodeStats
-from eagle_fx.sampling import greedy_accept
+from eagle_fx.runtime.verifier import greedy_accept
 
 
 def test_greedy_accept_hand_cases():

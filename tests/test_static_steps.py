@@ -5,15 +5,15 @@ import torch
 
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
-from eagle_fx.static_steps import buckets
+from eagle_fx.runtime.static_buffers import buckets
 
 
 @pytest.mark.parametrize("arch,method", [("llama", "eagle"), ("qwen3", "eagle3")])
 def test_triton_backend_matches_hf(arch, method):
     model = eagle_fx.compile(tiny_base(arch), tiny_draft(arch, method), backend="triton", max_batch_size=3,
                              max_seq_len=48)
-    assert model.static_steps and not model.cuda_graphs  # CPU: static buffers, no capture
-    lowered = [line for line in model.graphs.pass_log if "lower_draft_prefill" in line]
+    assert model.static_steps and not model.executor.cuda_graphs  # CPU: static buffers, no capture
+    lowered = [line for line in model.graphs.pass_log if "lower_to_triton" in line]
     assert len(lowered) == 4 and all("attention 1" in line or "attention 4" in line for line in lowered)
     prompts = make_prompts(3)
     assert model.generate(prompts, max_new_tokens=8).sequences == hf_greedy(arch, prompts, 8)
@@ -26,17 +26,17 @@ def test_triton_backend_refused_without_a_way_to_run(monkeypatch):
 
 
 class BufferLog:
-    """Records the data pointers of the static inputs each step call uses."""
+    """Records the data pointers of the static inputs each call of one step uses (an executor observer)."""
 
-    def __init__(self, step):
-        self.step, self.seen = step, []
-        self._call = step.__call__
+    def __init__(self, model, name):
+        self.name, self.step, self.seen = name, model.executor.static[name], []
+        model.executor.add_observer(self)
 
-    def __call__(self, n_seq, **inputs):
-        out = self._call(n_seq, **inputs)
-        bucket = self.step.bucket_for(n_seq)
+    def __call__(self, graph, inputs, out):
+        if graph != self.name:
+            return
+        bucket = self.step.bucket_for(inputs["block_table"].shape[0])
         self.seen.append((bucket, {k: v.data_ptr() for k, v in self.step.static[bucket].items() if k != "_pad"}))
-        return out
 
 
 @pytest.mark.parametrize("kw", [{}, {"prefill_shift": True}, {"kv_share": -1}])
@@ -52,12 +52,10 @@ def test_static_buffers_stable_and_padding_inert(kw):
     assert buckets(5) == [1, 2, 4, 5]
     logs = {}
     for name in ("draft_step", "verify"):
-        log = BufferLog(model._steps[name])
-        logs[name] = log
-        model._steps[name] = log
+        logs[name] = BufferLog(model, name)
     handed_out = set()
-    allocate = model.allocator.allocate
-    model.allocator.allocate = lambda n: handed_out.update(b := allocate(n)) or b
+    allocate = model.kv_cache.allocator.allocate
+    model.kv_cache.allocator.allocate = lambda n: handed_out.update(b := allocate(n)) or b
     prompts = make_prompts(5, seed=2, lengths=(3, 9, 5, 14, 2))
     eos = hf_greedy("llama", prompts, 16)[0][4]
     out = model.generate(prompts, max_new_tokens=16, eos_token_id=eos)
@@ -69,8 +67,8 @@ def test_static_buffers_stable_and_padding_inert(kw):
             ptrs = [p for bb, p in log.seen if bb == b]
             assert all(p == ptrs[0] for p in ptrs), f"{name}: bucket {b} reallocated its buffers"
         assert set(log.step.static) == set(used)
-    scratch = model.allocator.num_blocks  # one block past the allocator's
-    pool = model.base_pool
+    scratch = model.kv_cache.allocator.num_blocks  # one block past the allocator's
+    pool = model.kv_cache.base_pool
     assert pool.shape[2] == scratch + 1
     never = sorted(set(range(scratch)) - handed_out)
     assert never and pool[:, :, never].abs().sum() == 0  # padding wrote no real block
@@ -94,10 +92,10 @@ def test_static_prefill_buckets(kw):
         runs[static] = (model, model.generate(prompts, max_new_tokens=10))
     model, out = runs[True]
     assert out.sequences == hf_greedy("llama", prompts, 10) == runs[False][1].sequences
-    n = model.allocator.num_blocks
-    torch.testing.assert_close(model.base_pool[:, :, :n], runs[False][0].base_pool[:, :, :n], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(model.draft_pool[:, :, :n], runs[False][0].draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
-    used = {name: set(step.static) for name, step in model._steps.items()}
+    n = model.kv_cache.allocator.num_blocks
+    torch.testing.assert_close(model.kv_cache.base_pool[:, :, :n], runs[False][0].base_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.kv_cache.draft_pool[:, :, :n], runs[False][0].draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    used = {name: set(step.static) for name, step in model.executor.static.items()}
     assert used["base"] and all(tb >= 16 and (tb & (tb - 1)) == 0 for _, tb in used["base"])
 
 
@@ -108,4 +106,4 @@ def test_static_prefill_padding_longer_than_a_block_table_row():
                              static_steps=True)
     prompts = make_prompts(4, seed=8, lengths=(40,))
     assert model.generate(prompts, max_new_tokens=4).sequences == hf_greedy("llama", prompts, 4)
-    assert (4, 256) in model._steps["base"].static
+    assert (4, 256) in model.executor.static["base"].static

@@ -73,7 +73,7 @@ def test_kv_share_training_and_cli_errors(tmp_path):
 
     import eagle_fx
 
-    assert eagle_fx.compile(base, loaded, max_batch_size=1, max_seq_len=64).kv_mode == "layer"
+    assert eagle_fx.compile(base, loaded, max_batch_size=1, max_seq_len=64).kv_cache.kv_mode == "layer"
     with pytest.raises(ValueError, match="holds a draft sharing base layer 2, not 1"):
         train_draft(base, rows, tmp_path / "d", method="eagle", steps=31, resume=True, kv_share=1, progress=False)
 

@@ -7,7 +7,7 @@ from eagle_fx.ops.canonical import cached_attention_ref
 from eagle_fx.ops.triton import load_kernels
 
 load_kernels()
-from eagle_fx.ops.triton import draft_input, norms, paged_attention, paged_kv, swiglu  # noqa: E402
+from eagle_fx.ops.triton import draft_input, norms, paged_attention, swiglu  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -93,18 +93,6 @@ def test_paged_attention(kind, lens, starts, heads, kv_heads, window, dtype):
     got = paged_attention.cached_attention(q, k, v, pool, 1, slots, bt, qsl, pos, 0.2, window)
     assert torch.equal(pool, pool_ref)  # the KV write is a copy: exact
     torch.testing.assert_close(got, ref, **TOL[dtype])
-
-
-def test_kv_write_and_copy():
-    q, k, v, pool, slots, bt, qsl, pos = _paged_case([5, 3], [2, 0], 2, 2, 4, torch.float32)
-    pool_ref = pool.clone()
-    paged_kv.write_kv(k, v, pool, 0, slots)
-    paged_kv.write_kv_ref(k, v, pool_ref, 0, slots)
-    assert torch.equal(pool, pool_ref)
-    src, dst = slots[1:], slots[:-1]  # a shifted pair sharing KV: draft slot p <- base slot p + 1
-    paged_kv.copy_kv(pool, 0, src, 1, dst)
-    paged_kv.copy_kv_ref(pool_ref, 0, src, 1, dst)
-    assert torch.equal(pool, pool_ref)
 
 
 def test_fake_impls_export():

@@ -5,7 +5,7 @@ import torch
 
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
-from eagle_fx.cache import new_kv_pool
+from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.capture import capture
 from eagle_fx.passes import PassContext, alias_draft_kv
 from tests.passes.snapshot import op_counts
@@ -46,11 +46,11 @@ def test_counts_numerics_idempotent():
 
 def test_one_pool_for_base_and_draft_by_default():
     model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle3"), max_batch_size=2, max_seq_len=64)
-    assert model.kv_aliased and model.draft_pool is model.base_pool
+    assert model.kv_cache.kv_mode == "pool" and model.kv_cache.draft_pool is model.kv_cache.base_pool
     L = tiny_base("llama").config.num_hidden_layers
-    assert model.base_pool.shape[0] == L + 1 and model.draft_layer == L
-    per_block = model.base_pool[0].numel() * model.base_pool.element_size()
-    assert model.base_pool.numel() * model.base_pool.element_size() == (L + 1) * per_block  # one allocation
+    assert model.kv_cache.base_pool.shape[0] == L + 1 and model.kv_cache.draft_layer == L
+    per_block = model.kv_cache.base_pool[0].numel() * model.kv_cache.base_pool.element_size()
+    assert model.kv_cache.base_pool.numel() * model.kv_cache.base_pool.element_size() == (L + 1) * per_block  # one allocation
     prompts = make_prompts(2)
     assert model.generate(prompts, max_new_tokens=12).sequences == hf_greedy("llama", prompts, 12)
     assert model.draft_kv.abs().sum() > 0
@@ -59,8 +59,8 @@ def test_one_pool_for_base_and_draft_by_default():
 @pytest.mark.parametrize("kw", [dict(prefill_shift=True), dict(kv_share=None)])
 def test_own_pool_when_shifted_or_asked(kw):
     model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), max_batch_size=2, max_seq_len=64, **kw)
-    assert not model.kv_aliased and model.draft_pool is not model.base_pool
-    assert model.base_pool.shape[0] == 4 and model.draft_pool.shape[0] == 1
+    assert model.kv_cache.kv_mode == "own" and model.kv_cache.draft_pool is not model.kv_cache.base_pool
+    assert model.kv_cache.base_pool.shape[0] == 4 and model.kv_cache.draft_pool.shape[0] == 1
 
 
 def test_own_pool_when_kv_shapes_differ():
@@ -69,7 +69,7 @@ def test_own_pool_when_kv_shapes_differ():
     base = tiny_base("qwen2")
     draft = new_draft(base, "eagle", seed=3, num_key_value_heads=4)  # base has 2 kv heads
     model = eagle_fx.compile(base, draft, max_batch_size=1, max_seq_len=64)
-    assert not model.kv_aliased
+    assert model.kv_cache.kv_mode == "own"
     prompts = make_prompts(1)
     assert model.generate(prompts, max_new_tokens=8).sequences == hf_greedy("qwen2", prompts, 8)
 

@@ -3,7 +3,7 @@ import copy
 import torch
 
 from conftest import tiny_base
-from eagle_fx.cache import new_kv_pool
+from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.passes import PassContext, batch_invariant, canonicalize_attention, insert_kv_cache
 from tests.passes.snapshot import exported_base, op_counts
 

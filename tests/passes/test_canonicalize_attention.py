@@ -19,7 +19,7 @@ def test_counts_and_numerics(arch):
     c0 = op_counts(gm)
     assert c0[SDPA] == layers and c0[CANON] == 0
 
-    res = canonicalize_attention.run(gm, PassContext(root=step), expected_layers=layers)
+    res = canonicalize_attention.run(gm, PassContext(root=step, expected_attention_layers=layers))
     c1 = op_counts(res.gm)
     assert res.num_matches == layers
     assert c1[SDPA] == 0 and c1[CANON] == layers
@@ -53,13 +53,13 @@ def test_eager_attention_is_a_clear_error():
     ids, pos, li, _ = _example_inputs("cpu")
     gm = export_graph(step, (ids, pos, li), None)
     with pytest.raises(ValueError, match=r"did not match eagle_fx::attention.*attn_implementation='sdpa'"):
-        canonicalize_attention.run(gm, PassContext(root=step), expected_layers=4)
+        canonicalize_attention.run(gm, PassContext(root=step, expected_attention_layers=4))
 
 
 def test_missing_layers_is_a_clear_error():
     step, gm = exported_base("llama")
     with pytest.raises(ValueError, match="matched 4 scaled_dot_product_attention op"):
-        canonicalize_attention.run(gm, PassContext(root=step), expected_layers=5)
+        canonicalize_attention.run(gm, PassContext(root=step, expected_attention_layers=5))
 
 
 def test_repeat_kv_is_stripped():

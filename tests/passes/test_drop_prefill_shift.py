@@ -5,6 +5,7 @@ import torch
 from conftest import tiny_base, tiny_draft
 from eagle_fx.capture import capture
 from eagle_fx.passes import drop_prefill_shift
+from eagle_fx.pipeline import CapturePlan
 from tests.passes.snapshot import op_counts
 
 ROLL = "aten.roll.default"
@@ -29,7 +30,7 @@ def _cache(graphs_from, lens=(6, 4)):
 def test_counts_numerics_idempotent():
     for method in ("eagle", "eagle3"):
         base, draft = tiny_base("llama"), tiny_draft("llama", method)
-        graphs = capture(base, draft, prefill_shift=True)
+        graphs = capture(base, draft, CapturePlan(prefill_shift=True))
         gm = copy.deepcopy(graphs.draft_prefill)
         c0 = op_counts(gm)
         assert c0[ROLL] == 1 and c0[INDEX_PUT] == 1

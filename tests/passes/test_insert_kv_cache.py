@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_base
-from eagle_fx.cache import new_kv_pool
+from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.passes import PassContext, canonicalize_attention, insert_kv_cache
 from tests.passes.snapshot import exported_base, op_counts
 
@@ -18,7 +18,7 @@ def test_counts_and_numerics(arch):
     gm = canonicalize_attention.run(gm, PassContext(root=step)).gm
     before = copy.deepcopy(gm)
     c0 = op_counts(gm)
-    res = insert_kv_cache.run(gm, PassContext(root=step, kv_layer_offset=2))
+    res = insert_kv_cache.run(gm, PassContext(root=step))
     c1 = op_counts(res.gm)
     L = tiny_base(arch).config.num_hidden_layers
     assert res.num_matches == L
@@ -27,11 +27,11 @@ def test_counts_and_numerics(arch):
     names = [n.target for n in res.gm.graph.nodes if n.op == "placeholder"]
     assert names[-4:] == ["kv_pool", "slot_mapping", "block_table", "query_start_loc"]
     layers = [n.args[4] for n in res.gm.graph.nodes if n.target == torch.ops.eagle_fx.cached_attention.default]
-    assert layers == list(range(2, 2 + L))
+    assert layers == list(range(L))
 
     # numerics: two sequences packed in one row, scattered blocks, == the uncached graph per sequence
     bs = 4
-    pool = new_kv_pool(2 + L, 16, bs, 2, 16, torch.float32, "cpu")
+    pool = new_kv_pool(L + 2, 16, bs, 2, 16, torch.float32, "cpu")  # two spare layers, never written
     lens = [11, 6]
     ids = torch.randint(0, 96, (1, sum(lens)))
     pos = torch.cat([torch.arange(n) for n in lens])[None]
@@ -46,7 +46,7 @@ def test_counts_and_numerics(arch):
         ref_logits, ref_feat = before(ids[:, a:b], pos[:, a:b], torch.arange(b - a))
         torch.testing.assert_close(logits[a:b], ref_logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(feat[a:b], ref_feat, atol=1e-5, rtol=1e-5)
-    assert pool[:2].abs().sum() == 0 and pool[2:].abs().sum() > 0  # only layers 2.. written
+    assert all(pool[layer].abs().sum() > 0 for layer in range(L)) and pool[L:].abs().sum() == 0  # layers 0..L-1
 
     assert insert_kv_cache.run(res.gm, PassContext()).num_matches == 0  # idempotent
 

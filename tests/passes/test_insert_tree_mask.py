@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from conftest import tiny_base
-from eagle_fx.cache import new_kv_pool
+from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.draft_tree import tree_mask
 from eagle_fx.passes import PassContext, canonicalize_attention, insert_kv_cache, insert_tree_mask
-from eagle_fx.passes.insert_tree_mask import copy_graph_module
+from eagle_fx.passes.fx_graph import copy_graph_module
 from tests.passes.snapshot import exported_base, op_counts
 
 CACHED = "eagle_fx.cached_attention.default"

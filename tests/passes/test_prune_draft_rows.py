@@ -8,6 +8,7 @@ from conftest import tiny_base
 from eagle_fx.capture import capture
 from eagle_fx.drafts import new_draft
 from eagle_fx.passes import PassContext, alias_draft_kv, prune_draft_rows
+from eagle_fx.pipeline import CapturePlan
 from tests.passes.snapshot import op_counts
 
 L, KVH, D, BS = 4, 2, 16, 4
@@ -101,6 +102,6 @@ def test_prefill_has_no_kv_projections_and_flat_flops():
 
 def test_left_alone_without_shared_attention():
     base = tiny_base("llama")
-    g = capture(base, new_draft(base, "eagle", seed=5), alias_kv=True)
+    g = capture(base, new_draft(base, "eagle", seed=5), CapturePlan(draft_kv="pool"))
     res = prune_draft_rows.run(copy.deepcopy(g.draft_extend), PassContext())
     assert res.num_matches == 0 and "cannot be pruned" in res.notes[0]

@@ -1,4 +1,4 @@
-"""Triton kernels for the canonical ops, lowered in by `passes/lower_draft_prefill.py`.
+"""Triton kernels for the canonical ops, lowered in by `passes/lower_to_triton.py`.
 
 Each kernel module holds the `@triton.jit` kernel, its launcher registered as a
 `torch.library.custom_op` (with a fake impl, so graphs with it export and compile) and a plain
@@ -8,7 +8,7 @@ torch reference the tests hold it to:
     swiglu.py         silu(gate) * up
     draft_input.py    the draft's input projection: embedding gather + concat (+ EAGLE-3's two
                       norms) + linear, in one kernel
-    paged_kv.py       KV write by slot mapping, KV copy between pool layers/slots
+    paged_kv.py       the KV write by slot mapping (launched by the attention op, no op of its own)
     paged_attention.py  paged attention over the pool for ragged prefill, extend, decode and
                       verify (GQA, sliding window), and the op that writes then attends
 

@@ -1,4 +1,4 @@
-"""lower_draft_prefill: op counts before/after, numerics vs the unlowered graph, idempotence, and
+"""lower_to_triton: op counts before/after, numerics vs the unlowered graph, idempotence, and
 the graph left alone (with the reason) when Triton cannot run. Runs the kernels in the interpreter."""
 import copy
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from conftest import tiny_base, tiny_draft
-from eagle_fx.cache import new_kv_pool
+from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.capture import capture
-from eagle_fx.passes import PassContext, lower_draft_prefill
+from eagle_fx.passes import PassContext, lower_to_triton
+from eagle_fx.pipeline import CapturePlan
 from tests.passes.snapshot import op_counts
 
 E = "eagle_fx."
@@ -32,12 +33,12 @@ def _inputs(gm, T=6, B=2, seed=0):
 
 @pytest.mark.parametrize("arch,method", [("llama", "eagle"), ("qwen3", "eagle3")])
 def test_counts_numerics_idempotent(arch, method):
-    g = capture(tiny_base(arch), tiny_draft(arch, method), alias_kv=True)
+    g = capture(tiny_base(arch), tiny_draft(arch, method), CapturePlan(draft_kv="pool"))
     L = 4
     for name in ("base", "draft_prefill", "draft_step"):
         gm = copy.deepcopy(getattr(g, name))
         before = copy.deepcopy(gm)
-        res = lower_draft_prefill.run(gm, PassContext())
+        res = lower_to_triton.run(gm, PassContext())
         c0, c1 = op_counts(before), op_counts(res.gm)
         assert c1[E + "cached_attention.default"] == 0
         assert c1[E + "triton_cached_attention.default"] == c0[E + "cached_attention.default"]
@@ -55,14 +56,14 @@ def test_counts_numerics_idempotent(arch, method):
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(pools[1], pools[0], rtol=1e-5, atol=1e-5)
-        assert lower_draft_prefill.run(res.gm, PassContext()).num_matches == 0  # idempotent
+        assert lower_to_triton.run(res.gm, PassContext()).num_matches == 0  # idempotent
 
 
 def test_left_alone_when_triton_cannot_run(monkeypatch):
-    g = capture(tiny_base("llama"), tiny_draft("llama", "eagle"), alias_kv=True)
+    g = capture(tiny_base("llama"), tiny_draft("llama", "eagle"), CapturePlan(draft_kv="pool"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     gm = copy.deepcopy(g.draft_step)
     before = op_counts(gm)
-    res = lower_draft_prefill.run(gm, PassContext())
+    res = lower_to_triton.run(gm, PassContext())
     assert res.num_matches == 0 and "Triton kernels need a CUDA device" in res.notes[0]
     assert op_counts(res.gm) == before

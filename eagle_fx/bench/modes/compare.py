@@ -1,0 +1,59 @@
+"""--compare: HF greedy, HF static cache + torch.compile, HF assisted generation and eagle_fx on the
+same prompts, one at a time: tokens/s, speedup over HF greedy, and outputs equal to HF greedy."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from eagle_fx.bench.hf_baselines import hf_assisted, hf_greedy, hf_static_compiled
+from eagle_fx.bench.timing import timed
+from eagle_fx.bundled import BUNDLED
+
+
+def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float) -> list[dict]:
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    n_tokens = lambda seqs: sum(map(len, seqs))  # noqa: E731
+    rows = []  # (method, output tokens, seconds, outputs, setup seconds)
+    greedy = hf_greedy(base, eos, pad, args.output_len)
+    greedy([prompts[0]])  # warm-up
+    reference, seconds = timed(greedy, prompts, "HF greedy")
+    rows.append(("HF generate (greedy)", n_tokens(reference), seconds, reference, 0.0))
+
+    static = hf_static_compiled(base, eos, pad, args.output_len, max(len(p) for p in prompts) + args.output_len)
+    t0 = time.perf_counter()
+    static([prompts[0]])  # warm-up: compiles
+    static_setup_s = time.perf_counter() - t0
+    outputs, seconds = timed(static, prompts, "HF static+compile")
+    rows.append(("HF static cache + torch.compile", n_tokens(outputs), seconds, outputs, static_setup_s))
+
+    assistant_dir = Path(args.assistant_dir) if args.assistant_dir else BUNDLED / "assistant"
+    if assistant_dir.exists():
+        assisted = hf_assisted(base, eos, pad, args.output_len, assistant_dir)
+        assisted([prompts[0]])  # warm-up
+        outputs, seconds = timed(assisted, prompts, "HF assisted")
+        rows.append((f"HF assisted ({assistant_dir.name})", n_tokens(outputs), seconds, outputs, 0.0))
+    else:
+        print(f"note: no assistant model at {assistant_dir}; HF assisted generation skipped", file=sys.stderr)
+    tree = args.draft_tree
+    drafting = f"k={args.num_spec_tokens}" if tree is None else f"tree {tree['top_k']},{tree['depth']},{tree['total_tokens']}"
+    rows.append((f"eagle_fx ({args.method}, {drafting}, {'eager' if args.enforce_eager else args.backend})",
+                 n_tokens(eagle_sequences), eagle_seconds, eagle_sequences, 0.0))
+
+    greedy_tps = rows[0][1] / rows[0][2]
+    fastest_hf_tps = max(ntok / secs for _, ntok, secs, _, _ in rows[:-1])
+    table = []
+    print("-" * 86)
+    print(f"{'method':<44}{'tokens':>8}{'tok/s':>10}{'vs HF':>9}{'== HF greedy':>15}")
+    for method, ntok, secs, outputs, setup_s in rows:
+        tps = ntok / secs
+        same = sum(a == b for a, b in zip(outputs, reference))
+        print(f"{method:<44}{ntok:>8}{tps:>10.1f}{tps / greedy_tps:>8.2f}x{f'{same}/{len(reference)}':>15}")
+        table.append({"method": method, "output_tokens": ntok, "seconds": secs, "tokens_per_s": tps,
+                      "speedup_vs_hf_greedy": tps / greedy_tps, "equal_to_hf_greedy": same == len(reference),
+                      "prompts_equal": same, "setup_s": setup_s})
+    eagle_tps = rows[-1][1] / rows[-1][2]
+    print(f"eagle_fx vs fastest HF baseline: {eagle_tps / fastest_hf_tps:.2f}x")
+    table.append({"eagle_fx_vs_fastest_hf": eagle_tps / fastest_hf_tps})
+    return table

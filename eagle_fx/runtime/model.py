@@ -1,0 +1,206 @@
+"""SpeculativeModel: a base + EAGLE draft pair as step graphs over paged KV pools; generate,
+replace, reset and warm-up. Wiring only: the work is in the runtime's other modules."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import torch
+
+from eagle_fx.multimodal import prompt_images, refuse_options
+from eagle_fx.options import Options
+from eagle_fx.runtime.executor import Executor
+from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
+from eagle_fx.runtime.pair import PairSpec
+from eagle_fx.runtime.proposer import ChainProposer, TreeProposer
+from eagle_fx.runtime.sampling import Sampler
+from eagle_fx.runtime.scheduler import CONFIG_EOS, GenerateCall, check_prompts, eos_set, new_wave, run_wave
+from eagle_fx.runtime.signature import StepSignature
+from eagle_fx.runtime.stats import GenerateOutput, Profiler, SpecDecodeStats
+
+RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
+                   "prefix_caching", "bootstrap", "num_blocks", "static_steps", "draft_tree")
+
+
+class SpeculativeModel:
+    """A base + EAGLE draft pair captured as step graphs over paged KV pools.
+
+    More prompts than `max_batch_size` are run in waves of at most `max_batch_size` sequences.
+    `graphs` (the GraphModules, with their pass log) is None for a pair loaded from exported files;
+    `signatures` then says what each graph takes. `proposer`: a ChainProposer or TreeProposer
+    (default: the one the options ask for), the injection point for test oracles.
+    """
+
+    def __init__(self, graphs, callables: dict, options: Options, spec: PairSpec,
+                 signatures: dict[str, StepSignature] | None = None, image_encoder=None, proposer=None):
+        self.graphs, self.callables, self.options, self.spec = graphs, callables, options, spec
+        self.image_encoder = image_encoder  # a vision-language base's images -> embeddings (eagle_fx.multimodal)
+        self.signatures = signatures or {name: StepSignature.of_graph(name, getattr(graphs, name)) for name in callables}
+        self.device, self.dtype = spec.device, spec.dtype
+        self.tree = options.draft_tree  # a DraftTree (EAGLE-2) or None (a chain of num_spec_tokens)
+        if self.tree is not None and "verify_tree" not in callables:
+            raise ValueError("draft_tree needs the tree step graphs: pass draft_tree= to eagle_fx.compile")
+        if self.tree is not None and spec.draft_kv == "layer":
+            raise ValueError("draft_tree does not run with a KV-sharing draft (kv_share=LAYER)")
+        if spec.vision_language:
+            refuse_options(options)
+        self.proposer = proposer or (ChainProposer() if self.tree is None else TreeProposer())
+        if isinstance(self.proposer, TreeProposer) != (self.tree is not None):
+            raise ValueError(f"a {type(self.proposer).__name__} does not fit "
+                             f"{'a draft tree' if self.tree is not None else 'a chain'}; pass the matching proposer")
+        self.draft_offset = 0 if options.prefill_shift else 1  # unshifted, draft slot p holds t_p
+        # cache slots past the committed tokens one speculation step writes
+        self.lookahead = options.num_spec_tokens + 1 if self.tree is None else self.tree.width
+        self.static_steps = options.static_steps if options.static_steps is not None else (
+            options.backend == "triton" and not spec.vision_language)
+        self.kv_cache = KVCache(spec, options, self.lookahead, scratch=self.static_steps)
+        self.executor = Executor(callables, self.signatures, self.kv_cache)
+        if self.static_steps:
+            self.executor.use_static_buffers(graphs, options, self.device)
+        bootstrap = options.bootstrap if options.bootstrap is not None else torch.zeros(spec.feature_dim)
+        if tuple(bootstrap.shape) != (spec.feature_dim,):
+            raise ValueError(f"bootstrap must be a [{spec.feature_dim}] feature vector (the draft's input feature "
+                             f"size), got {tuple(bootstrap.shape)}")
+        self.bootstrap = bootstrap.to(device=self.device, dtype=self.dtype)[None]
+        self._lock = threading.Lock()  # one generate at a time: the pools are this model's
+        self._lock_owner: int | None = None
+
+    def replace(self, proposer=None, **changes) -> "SpeculativeModel":
+        """A model over the same captured graphs with other runtime options (k, batch, lengths,
+        draft tree) and new pools; proposer= injects another proposer."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(Options)})
+        if unknown:
+            raise ValueError(f"replace(): unknown option(s) {unknown}; it takes {RUNTIME_OPTIONS} and proposer")
+        bad = sorted(set(changes) - set(RUNTIME_OPTIONS))
+        if bad:
+            raise ValueError(f"replace() takes {RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
+        options = dataclasses.replace(self.options, **changes)
+        if proposer is None and "draft_tree" not in changes:
+            proposer = self.proposer
+        return SpeculativeModel(self.graphs, self.callables, options, self.spec, self.signatures, self.image_encoder,
+                                proposer)
+
+    def reset(self) -> None:
+        """Empty the KV pools and the prefix cache in place (graphs, compiled code and static
+        buffers stay)."""
+        with self._lock:
+            self.kv_cache.reset()
+
+    @property
+    def num_spec_tokens(self) -> int:
+        return self.options.num_spec_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    def new_stats(self) -> SpecDecodeStats:
+        """Empty counters for this model's speculation (a chain of k, or a tree)."""
+        if self.tree is None:
+            return SpecDecodeStats(self.num_spec_tokens)
+        return SpecDecodeStats(self.tree.depth, self.tree.total_tokens)
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None,
+                 image_grid_thw=None, profile: bool = False) -> GenerateOutput:
+        """Speculative decoding of a ragged batch of token-id lists.
+
+        temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
+        with top_k (0 or -1: off) and top_p (1.0: off) applied in HF's order; drafts are sampled from
+        the draft's equally warped distribution and accepted by speculative rejection sampling, so
+        the output is distributed exactly as sampling the base alone. seed makes it reproducible.
+        eos_token_id: an id or a list of ids; not given: the base's generation_config eos (as HF
+        generate); None: never stop early. Returns .sequences (new tokens per prompt, eos included
+        when hit) and .stats. pixel_values (a vision-language base): one entry per prompt, None or
+        that prompt's images (LLaVA: [num_images, C, H, W]; Qwen2-VL: the processor's [patches, D]
+        with image_grid_thw=[per prompt [num_images, 3]]); their features fill the prompt's image
+        placeholder tokens in order (each image is encoded once). profile=True times every
+        step-graph call into .stats (synchronising with the device on a GPU; off by default).
+
+        One model runs one generate at a time: a second thread waits for the first to finish; a
+        generate called from inside another (a callback) is an error."""
+        me = threading.get_ident()
+        if self._lock_owner == me:
+            raise RuntimeError("generate() was called again from inside a running generate() on the same model; "
+                               "use another model (model.replace()) for nested calls")
+        with self._lock:
+            self._lock_owner = me
+            try:
+                return self._generate(prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed,
+                                      pixel_values, image_grid_thw, profile)
+            finally:
+                self._lock_owner = None
+
+    def _generate(self, prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed, pixel_values,
+                  image_grid_thw, profile) -> GenerateOutput:
+        prompts = check_prompts(prompts, max_new_tokens, self.spec.vocab_size, self.options.max_seq_len)
+        eos = eos_set(eos_token_id, self.spec.eos)
+        images = prompt_images(self.image_encoder, self.spec.image_token_id, prompts, pixel_values, image_grid_thw,
+                               self.device, self.dtype)
+        stats = self.new_stats()
+        call = GenerateCall(Sampler.for_call(temperature, top_p, top_k, seed, self.device), stats,
+                            Profiler(stats, profile, self.device), eos, max_new_tokens)
+        started = time.perf_counter()
+        sequences: list[list[int]] = []
+        batch = self.options.max_batch_size
+        for first in range(0, len(prompts), batch):
+            wave = new_wave(self, prompts[first:first + batch], images[first:first + batch])
+            sequences += run_wave(self, call, wave)
+        stats.total_num_output_tokens = sum(len(s) for s in sequences)
+        stats.wall_time_s = time.perf_counter() - started
+        return GenerateOutput(sequences, stats)
+
+    @property
+    def draft_kv(self) -> torch.Tensor:
+        """The K/V the draft attends to for cached positions (kv_share=LAYER: the base layer it reads)."""
+        return self.kv_cache.draft_kv
+
+    def kv_bytes(self) -> dict:
+        """Bytes of KV memory: base layers, the draft's besides them, the draft's per cached token."""
+        return self.kv_cache.kv_bytes()
+
+    def warmup(self) -> None:
+        """Call every step graph once per shape class it will see (1 vs many tokens, sequences,
+        logits rows), so a compiling backend does its work here and not inside a timed generate.
+        Runs on scratch pools: this model's KV and prefix cache are untouched."""
+        scratch = self.replace()
+        for lens in ([1], [3], [1, 1], [2, 3]):
+            for name in self.callables:
+                for all_logits in ((False, True) if name == "base" else (False,)):
+                    scratch.executor.call(name, **scratch.example_inputs(name, lens, all_logits))
+
+    def example_inputs(self, name: str, lens: list[int], all_logits: bool = False) -> dict:
+        """Inputs for step graph `name` on sequences of `lens` tokens at positions 0.. (zeros for
+        tokens and features), on this model's pools: for warm-up and export. all_logits: logits
+        at every token (a verify), else at each sequence's last token."""
+        device, block_size, kv = self.device, self.options.block_size, self.kv_cache
+        long = dict(dtype=torch.long, device=device)
+        feature_width = {"base": 0, "verify_tree": 0, "draft_prefill": self.spec.feature_dim,
+                         "draft_extend": self.spec.feature_dim, "draft_step": self.spec.draft_hidden_size,
+                         "draft_tree_step": self.spec.draft_hidden_size}[name]
+        num_seqs, num_tokens = len(lens), sum(lens)
+        query_start_loc = torch.tensor([0] + list(lens), **long).cumsum(0)
+        positions = torch.cat([torch.arange(n, **long) for n in lens])
+        seq = torch.repeat_interleave(torch.arange(num_seqs, **long), torch.tensor(lens, **long))
+        block_table = torch.arange(num_seqs * kv.blocks_per_seq, **long).view(num_seqs, -1) % kv.num_blocks
+        # tree graphs: each sequence's tokens as a chain-shaped tree from slot 0 (the causal mask)
+        tree = torch.zeros(num_tokens, max(lens), dtype=torch.bool, device=device)
+        for s, n in enumerate(lens):
+            begin = int(query_start_loc[s])
+            tree[begin:begin + n, :n] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        values = dict(
+            input_ids=torch.zeros(1, num_tokens, **long), positions=positions[None],
+            logits_indices=torch.arange(num_tokens, **long) if all_logits else query_start_loc[1:] - 1,
+            features=torch.zeros(num_tokens, feature_width, device=device, dtype=self.dtype),
+            carry_features=torch.zeros(num_seqs, feature_width, device=device, dtype=self.dtype),
+            next_tokens=torch.zeros(num_seqs, **long), query_start_loc=query_start_loc,
+            slot_mapping=slot_mapping(block_table, seq, positions, block_size), block_table=block_table,
+            spec_rows=torch.arange(num_seqs, **long) % self.options.max_batch_size,
+            committed_len=positions[query_start_loc[1:] - 1] + (name == "draft_prefill"),
+            tree_mask=tree, tree_start=torch.zeros(num_seqs, **long),
+            mm_embeds=torch.zeros(1, max(self.spec.embed_dim, 1), device=device, dtype=self.dtype),
+            rope_positions=positions.expand(3, -1)[:, None].contiguous(),
+            **kv.pools(self.signatures[name].is_base))
+        return self.signatures[name].select(values)

@@ -1,0 +1,84 @@
+"""Base + draft prefill of a wave's prompts, whole or in chunks of `prefill_chunk_size` tokens.
+
+Unshifted chunk [a, c): the draft gets tokens t_a..t_{c-1} with features (carry = f_{a-1}),
+f_a..f_{c-2} (the shift of features is inside the graph, drop_prefill_shift). Shifted chunk
+[a, c): draft tokens t_{a+1}..t_c, where t_c is the real next prompt token for an inner chunk and
+the sampled token only for the last one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle_fx.runtime.kv_cache import slot_mapping
+
+
+@dataclass
+class Prefilled:
+    pending: torch.Tensor  # [B] the token sampled after each prompt
+    last_features: torch.Tensor  # [B, F] the base's feature at each prompt's last token
+    draft_logits: torch.Tensor | None  # [B, Vd] the draft's last prefill call (shifted: what d_1 is drawn from)
+    draft_hidden: torch.Tensor | None  # [B, H]
+
+
+def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
+    """prompts[s][cached_tokens[s]:] of every sequence of the wave, chunk by chunk; carry [B, F] is
+    each sequence's feature before its first computed token (updated in place chunk by chunk)."""
+    device, block_size = model.device, model.options.block_size
+    long = dict(dtype=torch.long, device=device)
+    prompts, block_table, stats = wave.graph_prompts, wave.blocks.block_table, call.stats
+    num_seqs = len(prompts)
+    lens = [len(p) for p in prompts]
+    chunk = model.options.prefill_chunk_size or max(lens)
+    done = list(wave.blocks.cached_tokens)  # prompt tokens in the cache so far, per sequence
+    pending = torch.zeros(num_seqs, **long)
+    last_features = carry.clone()
+    draft_logits = draft_hidden = None
+    while True:
+        chunk_seqs = [s for s in range(num_seqs) if done[s] < lens[s]]
+        if not chunk_seqs:
+            break
+        spans = [(done[s], min(done[s] + chunk, lens[s])) for s in chunk_seqs]
+        num_tokens = torch.tensor([end - begin for begin, end in spans], **long)
+        query_start_loc = torch.zeros(len(chunk_seqs) + 1, **long)
+        query_start_loc[1:] = num_tokens.cumsum(0)
+        ids = torch.tensor([t for s, (begin, end) in zip(chunk_seqs, spans) for t in prompts[s][begin:end]], **long)
+        positions = torch.cat([torch.arange(begin, end, **long) for begin, end in spans])
+        seq = torch.repeat_interleave(torch.arange(len(chunk_seqs), **long), num_tokens)
+        rows = torch.tensor(chunk_seqs, **long)
+        table = block_table[rows]
+        slots = slot_mapping(table, seq, positions, block_size)
+        last = query_start_loc[1:] - 1
+        logits, features = model.executor.prefill(
+            "base", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None], logits_indices=last,
+            slot_mapping=slots, block_table=table, query_start_loc=query_start_loc, seq_rows=rows)
+        is_final = [end == lens[s] for s, (begin, end) in zip(chunk_seqs, spans)]
+        sampled = call.sampler.pick(logits)
+        final = torch.tensor(is_final, dtype=torch.bool, device=device)
+        next_tokens = None
+        if model.options.prefill_shift:  # the look-ahead token
+            look_ahead = torch.tensor([prompts[s][end] if not f else 0
+                                       for s, (begin, end), f in zip(chunk_seqs, spans, is_final)], **long)
+            next_tokens = torch.where(final, sampled, look_ahead)
+        ends = torch.tensor([end for begin, end in spans], **long)
+        chunk_logits, chunk_hidden = model.executor.prefill(
+            "draft_prefill", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None],
+            features=features, logits_indices=last, next_tokens=next_tokens, carry_features=carry[rows],
+            query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=rows,
+            committed_len=ends)
+        # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
+        stats.prefill_tokens_computed_draft += len(chunk_seqs) if model.kv_cache.kv_mode == "layer" else ids.numel()
+        if model.options.prefix_caching:
+            model.kv_cache.keep_block_features(table, seq, positions, features)
+        carry[rows] = features[last]
+        if draft_logits is None:
+            draft_logits = chunk_logits.new_zeros(num_seqs, chunk_logits.shape[-1])
+            draft_hidden = chunk_hidden.new_zeros(num_seqs, chunk_hidden.shape[-1])
+        final_rows = rows[final]
+        pending[final_rows] = sampled[final]
+        last_features[final_rows] = features[last][final]
+        draft_logits[final_rows], draft_hidden[final_rows] = chunk_logits[final], chunk_hidden[final]
+        for s, (begin, end) in zip(chunk_seqs, spans):
+            done[s] = end
+    return Prefilled(pending, last_features, draft_logits, draft_hidden)

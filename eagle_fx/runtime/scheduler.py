@@ -1,0 +1,193 @@
+"""Requests in waves: validation, one wave's decode from prefill to stop, eos / max_new_tokens.
+
+A generate call holds its own state (a `GenerateCall`: sampler, stats, profiler, stopping rules)
+and each wave its own (`Wave`: prompts, blocks, image tables, outputs); nothing of either lives on
+the model, so a model keeps no per-call state between or during calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle_fx.multimodal import wave_inputs
+from eagle_fx.runtime.cycle import ActiveBatch, extend_draft, verify_chain, verify_tree
+from eagle_fx.runtime.executor import WaveTables
+from eagle_fx.runtime.kv_cache import WaveBlocks, slot_mapping
+from eagle_fx.runtime.prefill import prefill
+from eagle_fx.runtime.sampling import Sampler
+from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
+
+
+class _ConfigEos:
+    """Default of generate(eos_token_id=...): the base's generation_config eos, as HF generate does
+    when eos_token_id is not passed (an explicit None means: never stop at an eos token)."""
+
+    def __repr__(self) -> str:
+        return "<generation_config.eos_token_id>"
+
+
+CONFIG_EOS = _ConfigEos()
+
+
+def _ids_list(x) -> list:
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+
+
+def check_prompts(prompts, max_new_tokens, vocab_size: int, max_seq_len: int) -> list[list[int]]:
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist() if prompts.dim() == 2 else None
+    if not isinstance(prompts, (list, tuple)) or not all(isinstance(p, (list, tuple, torch.Tensor)) for p in prompts):
+        raise TypeError("prompts must be a list of token-id lists, e.g. [[1, 2, 3], [4, 5]]")
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: pass at least one prompt (a list of token ids)")
+    out = []
+    for i, p in enumerate(prompts):
+        p = _ids_list(p)
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            raise TypeError(f"prompt {i} holds non-integer token ids; pass ints")
+        bad = [t for t in p if t < 0 or t >= vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token id(s) {bad[:5]} outside the vocab [0, {vocab_size})")
+        out.append(p)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    for i, p in enumerate(out):
+        if len(p) + max_new_tokens > max_seq_len:
+            raise ValueError(
+                f"prompt {i}: {len(p)} prompt tokens + max_new_tokens {max_new_tokens} > max_seq_len "
+                f"{max_seq_len}; shorten the prompt, lower max_new_tokens, or compile with a larger max_seq_len")
+    return out
+
+
+def eos_set(eos_token_id, default_eos) -> set[int]:
+    if eos_token_id is CONFIG_EOS:  # like HF generate without eos_token_id: the model's own
+        return set(default_eos)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return set(int(e) for e in eos_token_id)
+
+
+@dataclass
+class GenerateCall:
+    """What one generate call decides and counts."""
+
+    sampler: Sampler
+    stats: SpecDecodeStats
+    profiler: Profiler
+    eos: set[int]
+    max_new_tokens: int
+
+    def emit(self, out: list[int], context: list[int], new: list[int]) -> bool:
+        """Append new tokens, stopping at eos (kept) or max_new_tokens; True when finished."""
+        for t in new:
+            out.append(t)
+            context.append(t)
+            if t in self.eos or len(out) >= self.max_new_tokens:
+                return True
+        return False
+
+
+@dataclass
+class Wave:
+    """Up to max_batch_size requests decoded together."""
+
+    prompts: list[list[int]]  # as given
+    graph_prompts: list[list[int]]  # as the graphs see them (image placeholders as virtual ids)
+    keys: list[list[int]]  # prefix-cache keys (image placeholders as image-content keys)
+    tables: WaveTables | None
+    blocks: WaveBlocks | None = None
+    outputs: list[list[int]] = field(default_factory=list)
+    contexts: list[list[int]] = field(default_factory=list)  # prompt + output, per sequence
+    # per sequence, once it stops: leading positions whose base AND draft K/V are final
+    final_positions: list[int | None] = field(default_factory=list)
+
+    def contexts_of(self, batch: ActiveBatch) -> list[list[int]]:
+        return [self.contexts[s] for s in batch.seqs]
+
+
+def new_wave(model, prompts: list[list[int]], images: list) -> Wave:
+    graph_prompts = keys = prompts
+    tables = None
+    if model.spec.vision_language:  # this wave's image rows and M-RoPE table; placeholders as virtual ids / image keys
+        graph_prompts, keys, mm_embeds, rope = wave_inputs(
+            prompts, images, model.spec.vocab_size, model.spec.image_token_id, model.spec.embed_dim, model.spec.mrope,
+            model.device, model.dtype)
+        tables = WaveTables(mm_embeds, rope)
+    return Wave(prompts, graph_prompts, keys, tables, outputs=[[] for _ in prompts],
+                contexts=[list(p) for p in prompts], final_positions=[None] * len(prompts))
+
+
+def run_wave(model, call: GenerateCall, wave: Wave) -> list[list[int]]:
+    """Take blocks (cached prefix first), decode, then cache the finished sequences' full blocks."""
+    kv, options, stats = model.kv_cache, model.options, call.stats
+    wave.blocks = kv.admit(wave.keys, [len(p) for p in wave.prompts], call.max_new_tokens, model.lookahead,
+                           options.prefix_caching, options.prefill_shift)
+    try:
+        hits = sum(wave.blocks.cached_tokens)
+        stats.prefix_hit_tokens_base += hits
+        stats.prefix_hit_tokens_draft += hits
+        stats.prefill_tokens_computed_base += sum(len(p) for p in wave.prompts) - hits
+        decode_wave(model, call, wave)
+        if options.prefix_caching:
+            kv.cache_finished(wave.keys, wave.outputs, wave.blocks, wave.final_positions, options.prefill_shift)
+        return wave.outputs
+    finally:
+        kv.release(wave.blocks)
+
+
+def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
+    """Prefill, then speculative cycles until every sequence of the wave stops."""
+    long = dict(dtype=torch.long, device=model.device)
+    carry = model.kv_cache.carry_features(wave.blocks, model.bootstrap)
+    first = prefill(model, call, wave, carry)
+    active = []
+    for s, prompt in enumerate(wave.prompts):
+        if call.emit(wave.outputs[s], wave.contexts[s], [int(first.pending[s])]):
+            wave.final_positions[s] = len(prompt)
+        else:
+            active.append(s)
+    if not active:
+        return
+    rows = torch.tensor(active, **long)
+    committed_len = torch.tensor([len(wave.prompts[s]) for s in active], **long)
+    pending, block_table = first.pending[rows], wave.blocks.block_table[rows]
+    num_active = len(active)
+    seq_index = torch.arange(num_active + 1, **long)
+    if model.draft_offset:  # unshifted: the sampled token t_n enters the draft at position n with feature f_{n-1}
+        draft_logits, draft_hidden = model.executor.call(
+            "draft_extend", wave.tables, call.profiler, input_ids=pending[None], positions=committed_len[None],
+            features=first.last_features[rows], logits_indices=seq_index[:num_active], next_tokens=pending,
+            query_start_loc=seq_index, slot_mapping=slot_mapping(block_table, seq_index[:num_active], committed_len, model.options.block_size),
+            block_table=block_table, spec_rows=rows, committed_len=committed_len)
+    else:
+        draft_logits, draft_hidden = first.draft_logits[rows], first.draft_hidden[rows]
+    batch = ActiveBatch(active, rows, pending, committed_len, block_table, draft_logits, draft_hidden)
+    verify = verify_chain if model.tree is None else verify_tree
+    while batch.size:
+        proposal = model.proposer.propose(model, call, wave, batch)
+        verified = verify(model, call, wave, batch, proposal)
+        accepted = verified.accepted.tolist()
+        call.stats.record(accepted)
+        if model.options.prefix_caching:  # features of [pending, accepted...] (past them: overwritten later)
+            width = verified.drafted.shape[1]  # the longest acceptable path
+            path_positions = batch.committed_len[:, None] + torch.arange(width + 1, **long)[None]
+            model.kv_cache.keep_block_features(
+                batch.block_table, torch.repeat_interleave(torch.arange(batch.size, **long), width + 1),
+                path_positions.reshape(-1), verified.path_features.reshape(batch.size * (width + 1), -1))
+        keep = []
+        drafted, next_token = verified.drafted.tolist(), verified.next_token.tolist()
+        committed = batch.committed_len.tolist()
+        for row, s in enumerate(batch.seqs):
+            new = drafted[row][:accepted[row]] + [next_token[row]]
+            if not call.emit(wave.outputs[s], wave.contexts[s], new):
+                keep.append(row)
+            else:  # base K/V is final up to committed + accepted; the draft's up to committed - 1 (+1 unshifted)
+                wave.final_positions[s] = committed[row] + model.draft_offset
+        if not keep:
+            break
+        batch = extend_draft(model, call, wave, batch, verified, keep)

@@ -1,0 +1,125 @@
+"""Acceptance of drafted tokens against the base: greedy or rejection sampling, chains and trees.
+
+Every function returns (accepted [B], next token [B], ...): the number of drafts accepted per
+sequence and the base's token right after them (the bonus token, or the resampled one).
+"""
+from __future__ import annotations
+
+import torch
+
+from eagle_fx.runtime.sampling import greedy, sample
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chain verification under greedy decoding.
+
+    draft_tokens [B, k] are the proposals d_1..d_k; target_tokens [B, k+1] the base's argmax at the
+    k+1 verified positions. Returns (accepted [B], bonus [B]): the length of the longest prefix with
+    d_i == target_{i-1}, and the base's token right after it.
+    """
+    k = draft_tokens.shape[1]
+    accepted = (draft_tokens == target_tokens[:, :k]).long().cumprod(dim=1).sum(dim=1)
+    bonus = target_tokens.gather(1, accepted[:, None])[:, 0]
+    return accepted, bonus
+
+
+def rejection_accept(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling along a chain (Leviathan et al.; Chen et al.).
+
+    draft_tokens [B, k] were sampled from q [B, k, V]; p [B, k+1, V] is the base's distribution at
+    the k+1 verified positions. d_j is accepted with probability min(1, p_j(d_j) / q_j(d_j)); at the
+    first rejection the next token is drawn from normalize(max(0, p_j - q_j)); when all k are
+    accepted, the bonus token is drawn from p_{k+1}. Returns (accepted [B], next token [B]); the
+    output is distributed exactly as sampling from p token by token.
+    """
+    B, k = draft_tokens.shape
+    idx = draft_tokens[..., None]
+    pd = p[:, :k].gather(-1, idx)[..., 0]
+    qd = q.gather(-1, idx)[..., 0]
+    u = torch.rand(B, k, generator=generator, device=p.device)
+    ok = u * qd <= pd
+    accepted = ok.long().cumprod(dim=1).sum(dim=1)
+    rows = torch.arange(B, device=p.device)
+    p_j = p[rows, accepted]
+    q_j = torch.where((accepted < k)[:, None], q[rows, accepted.clamp(max=k - 1)], torch.zeros_like(p_j))
+    resid = (p_j - q_j).clamp_min(0)
+    empty = resid.sum(-1, keepdim=True) <= 0  # p_j == q_j: any rejection is impossible; keep p_j
+    resid = torch.where(empty, p_j, resid)
+    return accepted, sample(resid / resid.sum(-1, keepdim=True), generator)
+
+
+def accept_chain(sampler, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
+    """A chain's verify logits [A * (k+1), V] -> (accepted [A], next token [A])."""
+    A, k = drafts.shape
+    if sampler.is_greedy:
+        return greedy_accept(drafts, greedy(logits).view(A, k + 1))
+    return rejection_accept(drafts, draft_probs, sampler.probs(logits.view(A, k + 1, -1)), sampler.generator)
+
+
+def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, depth: int):
+    """Acceptance along trees under greedy decoding.
+
+    parents/tokens [B, N]; target [B, N+1] the base's argmax at [root, nodes]. Returns
+    (accepted [B], bonus [B], path [B, depth+1]): path[:, 0] = 0 (the root), path[:, j] the node
+    (1-based, into [root, nodes]) accepted at depth j (the last accepted node repeats past it)."""
+    B, N = parents.shape
+    rows = torch.arange(B, device=parents.device)
+    cur = torch.zeros(B, dtype=torch.long, device=parents.device)
+    alive = torch.ones(B, dtype=torch.bool, device=parents.device)
+    accepted = torch.zeros_like(cur)
+    path = torch.zeros(B, depth + 1, dtype=torch.long, device=parents.device)
+    for j in range(1, depth + 1):
+        want = target[rows, cur]
+        match = (parents == (cur - 1)[:, None]) & (tokens == want[:, None]) & alive[:, None]
+        found = match.any(1)
+        child = match.long().argmax(1) + 1  # the first matching child
+        cur = torch.where(found, child, cur)
+        accepted += found.long()
+        alive &= found
+        path[:, j] = cur
+    return accepted, target[rows, cur], path
+
+
+def sampled_walk(parents: torch.Tensor, tokens: torch.Tensor, p: torch.Tensor, depth: int,
+                 generator: torch.Generator | None):
+    """Acceptance along trees under sampling. p [B, N+1, V]: the base's warped distribution at
+    [root, nodes]. Returns (accepted, next token, path) as greedy_walk."""
+    B, N = parents.shape
+    par, tok = parents.tolist(), tokens.tolist()
+    accepted, bonus = [0] * B, [0] * B
+    path = torch.zeros(B, depth + 1, dtype=torch.long)
+    for b in range(B):
+        cur = 0
+        for j in range(1, depth + 2):
+            dist = p[b, cur].clone()
+            children = [i for i in range(N) if par[b][i] == cur - 1]
+            nxt = None
+            for i in children:
+                x = tok[b][i]
+                mass = float(dist.sum())
+                px = float(dist[x])
+                u = float(torch.rand((), generator=generator, device=p.device))
+                if mass > 0 and u * mass < px:
+                    nxt = i + 1
+                    break
+                dist[x] = 0  # rejected: x cannot be the next token; draw from what is left
+            if nxt is None or j > depth:
+                if float(dist.sum()) <= 0:  # every token with mass was a rejected child: cannot happen
+                    dist = p[b, cur].clone()
+                bonus[b] = int(torch.multinomial(dist / dist.sum(), 1, generator=generator))
+                path[b, j:] = cur
+                break
+            cur = nxt
+            accepted[b] += 1
+            path[b, j] = cur
+    dev = parents.device
+    return torch.tensor(accepted, device=dev), torch.tensor(bonus, device=dev), path.to(dev)
+
+
+def accept_tree(sampler, parents: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, depth: int):
+    """A tree's verify logits [A * (N+1), V] over [root, nodes] -> (accepted, next token, path)."""
+    A, N = tokens.shape
+    if sampler.is_greedy:
+        return greedy_walk(parents, tokens, greedy(logits).view(A, N + 1), depth)
+    return sampled_walk(parents, tokens, sampler.probs(logits.view(A, N + 1, -1)), depth, sampler.generator)
