@@ -8,7 +8,8 @@ import functools  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# under pytest-xdist (README: -n 2) each worker gets one core; alone, the process takes two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
@@ -75,6 +76,42 @@ def hf_greedy(arch, prompts, max_new_tokens, eos=None):
     return [_hf_greedy(arch, tuple(p), max_new_tokens, eos) for p in prompts]
 
 
+class CaptureCache:
+    """A session-wide cache of eagle_fx.capture results, keyed by the base and draft modules and the
+    CapturePlan: a test that compiles a pair it (or another test) compiled before gets the same
+    step graphs, and only its runtime (pools, static buffers, compiled callables) is new. The cache
+    holds the modules, so their ids are never reused while it lives. Set EAGLE_FX_TEST_CAPTURE_CACHE=0
+    to capture every time."""
+
+    def __init__(self, capture):
+        self.capture, self.graphs, self.hits, self.misses = capture, {}, 0, 0
+
+    def __call__(self, base, draft, plan):
+        key = (id(base), id(draft), plan)
+        if key in self.graphs:
+            self.hits += 1
+            return self.graphs[key][2]
+        self.misses += 1
+        graphs = self.capture(base, draft, plan)
+        self.graphs[key] = (base, draft, graphs)
+        return graphs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def capture_cache():
+    """Every eagle_fx.compile in the session goes through one CaptureCache."""
+    import eagle_fx.api
+
+    if os.environ.get("EAGLE_FX_TEST_CAPTURE_CACHE", "1") == "0":
+        yield None
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        cache = CaptureCache(eagle_fx.api.capture)
+        mp.setattr(eagle_fx.api, "capture", cache)
+        yield cache
+
+
 @pytest.fixture
 def tmp_draft_dir(tmp_path):
     return tmp_path / "draft"
+

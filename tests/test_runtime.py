@@ -14,10 +14,26 @@ def _eos_for(arch):
     return ref[0][6]
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-@pytest.mark.parametrize("arch", ARCHS)
+# a pairwise matrix: every value of each factor meets every value of each other factor at least
+# once (arch x method, arch x batch, arch x k, method x batch, method x k, batch x k), 18 cases
+# instead of the 72 of the full product
+PAIRWISE = [("gemma3", "eagle", 1, 1), ("gemma3", "eagle", 1, 3), ("gemma3", "eagle3", 3, 5),
+            ("llama", "eagle", 1, 3), ("llama", "eagle", 1, 5), ("llama", "eagle3", 3, 1),
+            ("mistral", "eagle", 3, 1), ("mistral", "eagle", 3, 3), ("mistral", "eagle3", 1, 5),
+            ("mistral_swa", "eagle", 1, 5), ("mistral_swa", "eagle", 3, 1), ("mistral_swa", "eagle3", 1, 3),
+            ("qwen2", "eagle", 1, 3), ("qwen2", "eagle", 3, 1), ("qwen2", "eagle3", 1, 5),
+            ("qwen3", "eagle", 3, 5), ("qwen3", "eagle3", 1, 1), ("qwen3", "eagle3", 1, 3)]
+
+
+def test_pairwise_matrix_covers_every_pair():
+    import itertools
+
+    factors = [ARCHS, ["eagle", "eagle3"], [1, 3], [1, 3, 5]]
+    for i, j in itertools.combinations(range(4), 2):
+        assert {(row[i], row[j]) for row in PAIRWISE} == set(itertools.product(factors[i], factors[j]))
+
+
+@pytest.mark.parametrize("arch,method,batch,k", PAIRWISE)
 def test_greedy_matches_hf(arch, method, batch, k):
     prompts = make_prompts(3)[1:2] if batch == 1 else make_prompts(3)
     eos = _eos_for(arch)
@@ -109,3 +125,67 @@ def test_model_usable_after_pool_exhausted():
     with pytest.raises(PoolExhausted, match="KV pool exhausted"):
         model.generate([[1, 2, 3]], max_new_tokens=30)
     assert model.kv_cache.allocator.num_free == 1
+
+
+def test_two_threads_on_one_model_both_get_hf_greedy():
+    """generate holds no per-call state on the model: two threads on one model both decode right
+    (the second waits for the first: the KV pools are the model's)."""
+    import threading
+
+    model = compiled("llama", "eagle").replace(max_batch_size=2)
+    jobs = {"a": make_prompts(2, seed=11), "b": make_prompts(3, seed=12)}
+    results, errors = {}, []
+
+    def run(name):
+        try:
+            results[name] = model.generate(jobs[name], max_new_tokens=16, temperature=0.0).sequences
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert results == {name: hf_greedy("llama", p, 16) for name, p in jobs.items()}
+
+
+def test_generate_inside_generate_is_a_clear_error():
+    def nested(contexts, j, tokens):  # a callback that calls generate on the model that runs it
+        model.generate([[1, 2]], max_new_tokens=2)
+        return tokens
+
+    model = compiled("llama", "eagle").replace(max_batch_size=1, proposer=ChainProposer(nested))
+    with pytest.raises(RuntimeError, match="inside a running generate"):
+        model.generate([[1, 2, 3]], max_new_tokens=4)
+    # the model is usable afterwards (one token: prefill only, the callback does not run)
+    assert model.generate([[1, 2, 3]], max_new_tokens=1).sequences == hf_greedy("llama", [[1, 2, 3]], 1)
+
+
+def test_reset_clears_pools_and_prefix_cache_in_place():
+    model = compiled("llama", "eagle").replace(max_batch_size=2, prefix_caching=True)
+    pools = model.kv_cache.base_pool
+    prompts = make_prompts(2, seed=4, lengths=(40, 37))
+    first = model.generate(prompts, max_new_tokens=8)
+    assert model.kv_cache.allocator.num_cached > 0 and pools.abs().sum() > 0
+    model.reset()
+    assert model.kv_cache.base_pool is pools and pools.abs().sum() == 0  # same tensor, emptied
+    assert model.kv_cache.allocator.num_cached == 0
+    again = model.generate(prompts, max_new_tokens=8)
+    assert again.stats.prefix_hit_tokens_base == 0  # nothing left to hit
+    assert again.sequences == first.sequences == hf_greedy("llama", prompts, 8)
+
+
+def test_profiler_is_opt_in():
+    model = compiled("llama", "eagle").replace(num_spec_tokens=3)
+    prompts = make_prompts(2)
+    plain = model.generate(prompts, max_new_tokens=12).stats
+    assert not plain.profiled and plain.profile() is None and plain.graph_calls == {}
+    assert plain.time_verify_s == plain.time_draft_s == plain.time_prefill_s == 0.0
+    timed = model.generate(prompts, max_new_tokens=12, profile=True).stats
+    assert timed.profiled and timed.time_verify_s > 0 and set(timed.profile()) == {"prefill", "draft", "verify", "host"}
+    # one verify per speculation step (both sequences verified together while both run)
+    assert timed.graph_calls["verify"] <= timed.num_drafts and timed.graph_calls["base"] >= 1
+    assert timed.graph_calls["draft_step"] == 2 * timed.graph_calls["verify"]  # k - 1 draft steps per verify
+    assert timed.time_verify_s == pytest.approx(timed.graph_time_s["verify"])

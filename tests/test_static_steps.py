@@ -15,8 +15,8 @@ def test_triton_backend_matches_hf(arch, method):
     assert model.static_steps and not model.executor.cuda_graphs  # CPU: static buffers, no capture
     lowered = [line for line in model.graphs.pass_log if "lower_to_triton" in line]
     assert len(lowered) == 4 and all("attention 1" in line or "attention 4" in line for line in lowered)
-    prompts = make_prompts(3)
-    assert model.generate(prompts, max_new_tokens=8).sequences == hf_greedy(arch, prompts, 8)
+    prompts = make_prompts(2)  # the Triton interpreter is slow: two ragged prompts, 6 tokens each
+    assert model.generate(prompts, max_new_tokens=6).sequences == hf_greedy(arch, prompts, 6)
 
 
 def test_triton_backend_refused_without_a_way_to_run(monkeypatch):
@@ -93,8 +93,8 @@ def test_static_prefill_buckets(kw):
     model, out = runs[True]
     assert out.sequences == hf_greedy("llama", prompts, 10) == runs[False][1].sequences
     n = model.kv_cache.allocator.num_blocks
-    torch.testing.assert_close(model.kv_cache.base_pool[:, :, :n], runs[False][0].base_pool[:, :, :n], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(model.kv_cache.draft_pool[:, :, :n], runs[False][0].draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.kv_cache.base_pool[:, :, :n], runs[False][0].kv_cache.base_pool[:, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.kv_cache.draft_pool[:, :, :n], runs[False][0].kv_cache.draft_pool[:, :, :n], rtol=1e-5, atol=1e-5)
     used = {name: set(step.static) for name, step in model.executor.static.items()}
     assert used["base"] and all(tb >= 16 and (tb & (tb - 1)) == 0 for _, tb in used["base"])
 

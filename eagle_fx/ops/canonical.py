@@ -102,6 +102,8 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
     meta = torch.cat([query_start_loc, pos[query_start_loc[1:] - 1]]).tolist()
     bounds, ends = meta[:n_seq + 1], meta[n_seq + 1:]
     gqa = kvh != q.shape[1]
+    if not batch_invariant and n_seq > 1 and all(bounds[s + 1] - bounds[s] == bounds[1] for s in range(n_seq)):
+        return _uniform_cached_attention(q, pool, block_table, pos, n_seq, max(ends) + 1, scale, sliding_window, gqa)
     for s in range(n_seq):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
@@ -124,6 +126,27 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
             mask = visible_keys(pos[a:b], num_keys, sliding_window)
         out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out
+
+
+def _uniform_cached_attention(q: Tensor, pool: Tensor, block_table: Tensor, pos: Tensor, n_seq: int, num_keys: int,
+                              scale: float, sliding_window: int, gqa: bool) -> Tensor:
+    """Every sequence of the call has the same number of queries (a decode step, a verify, a batch
+    of equal-length prompts): one attention over all of them, each sequence's keys gathered up to
+    the longest one's and the rest masked out by position."""
+    kvh, d, block_size = pool.shape[-2], pool.shape[-1], pool.shape[2]
+    heads, total = q.shape[1], q.shape[2]
+    per_seq = total // n_seq
+    nb = -(-num_keys // block_size)
+    kv = pool[:, block_table[:, :nb]].view(2, n_seq, nb * block_size, kvh, d)[:, :, :num_keys].transpose(2, 3)
+    if kv.dtype != q.dtype:
+        kv = kv.to(q.dtype)
+    query_pos = pos.view(n_seq, per_seq)
+    mask = (torch.arange(num_keys, device=q.device)[None, None, :] <= query_pos[:, :, None])
+    if sliding_window > 0:
+        mask &= query_pos[:, :, None] - torch.arange(num_keys, device=q.device)[None, None, :] < sliding_window
+    qs = q[0].reshape(heads, n_seq, per_seq, d).transpose(0, 1)  # [B, H, Tq, D]
+    out = F.scaled_dot_product_attention(qs, kv[0], kv[1], attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
+    return out.transpose(0, 1).reshape(1, heads, total, d)
 
 
 def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, kv_pool: Tensor, base_layer: int,
