@@ -96,14 +96,14 @@ def verify_tree(model, call, wave, batch: ActiveBatch, proposal) -> Verified:
     return Verified(accepted, next_token, nodes.gather(1, path[:, 1:]), path_features)
 
 
-def extend_draft(model, call, wave, batch: ActiveBatch, verified: Verified, keep: list[int]) -> ActiveBatch:
-    """The draft on [d_1..d_a, next token] of each kept sequence with the base's verified features;
-    returns the kept sequences' batch, the next token pending and the accepted tokens committed."""
+def extend_draft(model, call, wave, batch: ActiveBatch, verified: Verified, keep: list[int], total: int) -> ActiveBatch:
+    """The draft on [d_1..d_a, next token] of each kept sequence with the base's verified features
+    (`total` tokens in all, known on the host); returns the kept sequences' batch, the next token
+    pending and the accepted tokens committed."""
     long = dict(dtype=torch.long, device=model.device)
     kept = torch.tensor(keep, **long)
     accepted = verified.accepted[kept]
     new_tokens = accepted + 1  # per sequence: its accepted drafts and the next token
-    total = int(new_tokens.sum())
     seq = torch.repeat_interleave(torch.arange(len(keep), **long), new_tokens, output_size=total)
     first = new_tokens.cumsum(0) - new_tokens
     offset = torch.arange(total, **long) - torch.repeat_interleave(first, new_tokens, output_size=total)

@@ -171,17 +171,19 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     while batch.size:
         proposal = model.proposer.propose(model, call, wave, batch)
         verified = verify(model, call, wave, batch, proposal)
-        accepted = verified.accepted.tolist()
+        # the one host read of the cycle: accepted counts, next tokens, committed lengths, drafts
+        size, width = batch.size, verified.drafted.shape[1]
+        host = torch.cat([verified.accepted, verified.next_token, batch.committed_len,
+                          verified.drafted.reshape(-1)]).tolist()
+        accepted, next_token, committed = host[:size], host[size:2 * size], host[2 * size:3 * size]
+        drafted = [host[3 * size + row * width:3 * size + (row + 1) * width] for row in range(size)]
         call.stats.record(accepted)
         if model.options.prefix_caching:  # features of [pending, accepted...] (past them: overwritten later)
-            width = verified.drafted.shape[1]  # the longest acceptable path
             path_positions = batch.committed_len[:, None] + torch.arange(width + 1, **long)[None]
             model.kv_cache.keep_block_features(
                 batch.block_table, torch.repeat_interleave(torch.arange(batch.size, **long), width + 1),
                 path_positions.reshape(-1), verified.path_features.reshape(batch.size * (width + 1), -1))
         keep = []
-        drafted, next_token = verified.drafted.tolist(), verified.next_token.tolist()
-        committed = batch.committed_len.tolist()
         for row, s in enumerate(batch.seqs):
             new = drafted[row][:accepted[row]] + [next_token[row]]
             if not call.emit(wave.outputs[s], wave.contexts[s], new):
@@ -190,4 +192,4 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
                 wave.final_positions[s] = committed[row] + model.draft_offset
         if not keep:
             break
-        batch = extend_draft(model, call, wave, batch, verified, keep)
+        batch = extend_draft(model, call, wave, batch, verified, keep, sum(accepted[row] + 1 for row in keep))
