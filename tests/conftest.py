@@ -111,6 +111,12 @@ def capture_cache():
         yield cache
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked heavy (the longest ones: AOTInductor, the Triton interpreter, 20k-sample
+    chi-squares) run first, so the xdist workers do not end waiting on one of them."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 @pytest.fixture
 def tmp_draft_dir(tmp_path):
     return tmp_path / "draft"

@@ -29,10 +29,20 @@ def _same(model, loaded):
     assert a.stats.num_accepted_tokens == b.stats.num_accepted_tokens > 0  # the draft graphs agree too
 
 
+@pytest.fixture(scope="module")
+def exported_bundled(tmp_path_factory):
+    """The bundled pair exported once as ExportedPrograms (tests that alter it work on a copy)."""
+    return eagle_fx.export(bundled_model(), tmp_path_factory.mktemp("export") / "exported_program")
+
+
+@pytest.mark.heavy
 @pytest.mark.parametrize("target", ["exported_program", "aoti"])
-def test_round_trip(tmp_path, target):
+def test_round_trip(tmp_path, target, request):
     model = bundled_model()
-    out = eagle_fx.export(model, tmp_path / target, target=target)
+    if target == "exported_program":
+        out = request.getfixturevalue("exported_bundled")
+    else:
+        out = eagle_fx.export(model, tmp_path / target, target=target)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == target and set(manifest["graphs"]) == {"base", "draft_prefill", "draft_extend", "draft_step"}
     assert manifest["num_spec_tokens"] == 3 and manifest["draft_method"] == "eagle" and manifest["kv_share"] == "pool"
@@ -57,6 +67,7 @@ def test_round_trip_kv_sharing_eagle3(tmp_path):
     assert loaded.generate(prompts, max_new_tokens=10).sequences == model.generate(prompts, max_new_tokens=10).sequences
 
 
+@pytest.mark.heavy
 def test_round_trip_draft_tree(tmp_path):
     """A tree model exports its tree graphs too, and the loaded one accepts the same drafts."""
     from transformers import AutoModelForCausalLM
@@ -73,11 +84,12 @@ def test_round_trip_draft_tree(tmp_path):
     _same(model, loaded)
 
 
-def test_errors(tmp_path):
+def test_errors(tmp_path, exported_bundled):
     model = bundled_model()
     with pytest.raises(ExportError, match="target must be one of"):
         eagle_fx.export(model, tmp_path / "bad", target="onnx")
-    out = eagle_fx.export(model, tmp_path / "ok")
+    out = tmp_path / "ok"
+    shutil.copytree(exported_bundled, out)
     copy = tmp_path / "old"
     shutil.copytree(out, copy)
     mf = json.loads((copy / "manifest.json").read_text())
@@ -91,7 +103,7 @@ def test_errors(tmp_path):
     with pytest.raises(ExportError, match="not an eagle_fx.export folder"):
         eagle_fx.load_exported(tmp_path / "nothing")
     with pytest.raises(ExportError, match="a loaded model has no graphs"):
-        eagle_fx.export(eagle_fx.load_exported(eagle_fx.export(model, tmp_path / "fresh")), tmp_path / "again")
+        eagle_fx.export(eagle_fx.load_exported(exported_bundled), tmp_path / "again")
 
 
 def test_tensorrt_needs_torch_tensorrt(tmp_path):

@@ -108,6 +108,7 @@ def test_block_boundaries_and_tiny_blocks():
     assert model.generate(prompts, max_new_tokens=20).sequences == hf_greedy("mistral_swa", prompts, 20)
 
 
+@pytest.mark.heavy
 def test_inductor_backend_matches_hf():
     import eagle_fx
     from conftest import tiny_draft

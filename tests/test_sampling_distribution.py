@@ -58,6 +58,7 @@ def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
 TREE = dict(top_k=3, depth=2, total_tokens=5)
 
 
+@pytest.mark.heavy
 # pairwise over method x chain/tree, each warping setting with a chain (the fifth case of the full
 # set, EAGLE-1 chain at temperature 1, adds no new pair and was dropped)
 @pytest.mark.parametrize("method,temperature,top_p,tree", [("eagle", 0.5, 1.0, None), ("eagle3", 1.0, 0.9, None),
