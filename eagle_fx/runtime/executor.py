@@ -88,9 +88,10 @@ class Executor:
 
     def step(self, graph: str, n_seq: int, wave: WaveTables | None, profiler: Profiler | None, **values):
         """The draft step or the verify ("verify": the base graph at k+1 rows per sequence)."""
-        inputs = self.graph_inputs("base" if graph == "verify" else graph, values, wave)
+        source = "base" if graph == "verify" else graph
+        inputs = self.graph_inputs(source, values, wave)
         if graph not in self.static:
-            fn = self.callables["base" if graph == "verify" else graph]
+            fn = self.callables[source]
         else:
             static = self.static[graph]
             fn = lambda **kw: static(n_seq, **kw)  # noqa: E731

@@ -24,10 +24,6 @@ import torch
 
 from eagle_fx.runtime.signature import StepSignature
 
-# what a padding sequence holds in a per-sequence input: the scratch block and ring row, and
-# (prefill) every position committed, so it writes nothing real
-SCRATCH_FILL = {"committed_len": 1 << 30}
-
 
 def buckets(max_batch_size: int) -> list[int]:
     out, b = [], 1
@@ -214,8 +210,8 @@ class StaticPrefill(CudaGraphReplay):
                 buf[n_seq:].copy_(n_tok + torch.cumsum(pad_lens, 0) - 1)
             else:  # per sequence
                 buf[:n_seq].copy_(src)
-                fill = {"block_table": self.scratch_block, "spec_rows": self.scratch_ring_row}.get(
-                    name, SCRATCH_FILL.get(name, 0))  # padding: all committed, nothing to write
+                fill = {"block_table": self.scratch_block, "spec_rows": self.scratch_ring_row,
+                        "committed_len": 1 << 30}.get(name, 0)  # padding: all committed, nothing to write
                 buf[n_seq:].fill_(fill)
         outs = self._run((bb, tb), inputs, bufs)
         return tuple(o[:n_seq] if kind == "seqs" else o[:n_tok] for o, kind in zip(outs, self.outputs))
