@@ -146,8 +146,8 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     carry = model.kv_cache.carry_features(wave.blocks, model.bootstrap)
     first = prefill(model, call, wave, carry)
     active = []
-    for s, prompt in enumerate(wave.prompts):
-        if call.emit(wave.outputs[s], wave.contexts[s], [int(first.pending[s])]):
+    for s, (prompt, token) in enumerate(zip(wave.prompts, first.pending.tolist())):  # one host read
+        if call.emit(wave.outputs[s], wave.contexts[s], [token]):
             wave.final_positions[s] = len(prompt)
         else:
             active.append(s)
