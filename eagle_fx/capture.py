@@ -76,6 +76,7 @@ class DraftStep(nn.Module):
 @dataclass
 class StepGraphs:
     base: GraphModule
+    verify: GraphModule
     draft_prefill: GraphModule
     draft_extend: GraphModule
     draft_step: GraphModule
@@ -86,7 +87,7 @@ class StepGraphs:
 
     def names(self) -> tuple[str, ...]:
         """The step graphs this capture holds."""
-        return ("base", "draft_prefill", "draft_extend", "draft_step") + (
+        return ("base", "verify", "draft_prefill", "draft_extend", "draft_step") + (
             ("verify_tree", "draft_tree_step") if self.verify_tree is not None else ())
 
 

@@ -3,8 +3,8 @@
     eagle_fx.export(model, out_dir, target="exported_program" | "aoti" | "tensorrt")
     model = eagle_fx.load_exported(out_dir)
 
-Each step graph (base, draft_prefill, draft_extend, draft_step, and with draft_tree verify_tree and
-draft_tree_step), after every eagle_fx pass, is
+Each step graph (base, verify, draft_prefill, draft_extend, draft_step, and with draft_tree
+verify_tree and draft_tree_step), after every eagle_fx pass, is
 exported again with torch.export (token, sequence and pool sizes dynamic) and written as
 
   exported_program  OUT/<graph>.pt2          torch.export.save; runs anywhere torch runs
@@ -33,7 +33,7 @@ from eagle_fx.runtime.signature import StepSignature
 
 TARGETS = ("exported_program", "aoti", "tensorrt")
 SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
-FORMAT = 2  # 2: the pair records draft_kv and mrope
+FORMAT = 3  # 2: the pair records draft_kv and mrope; 3: a verify graph of its own (device-side attention)
 
 
 class ExportError(ValueError):
@@ -52,7 +52,10 @@ def _torch_tensorrt():
 def export_step_graph(model: SpeculativeModel, name: str):
     """(ExportedProgram, example kwargs) of step graph `name`, sizes dynamic."""
     gm = getattr(model.graphs, name)
-    example = model.replace().example_inputs(name, [2, 3])  # scratch pools: this model's KV is untouched
+    sig = model.signatures[name]
+    # scratch pools: this model's KV is untouched; a decode-step graph gets the same rows per sequence
+    example = model.replace().example_inputs(name, [3, 3] if sig.uniform_rows else [2, 3],
+                                             all_logits=name in ("verify", "verify_tree"))
     # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
     with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
         ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=model.signatures[name].dynamic_shapes(),

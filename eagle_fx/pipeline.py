@@ -6,15 +6,19 @@ options); `build_pipelines(plan, base_layers)` turns it into a table {graph name
     graph             made from             rewrites (in order)                            lowering
     base              BaseStep              canonicalize_attention, insert_kv_cache,       lower_to_triton
                                             [batch_invariant]
+    verify            a copy of base        mark_uniform_queries                           lower_to_triton
     draft_prefill     DraftStep (shifted)   canonicalize_attention, insert_kv_cache,       lower_to_triton
                                             [drop_prefill_shift], [batch_invariant],
                                             [alias_draft_kv], [prune_draft_rows]
-    draft_extend      DraftStep             as draft_prefill, without drop_prefill_shift    lower_to_triton
+    draft_extend      DraftStep             as draft_prefill, without drop_prefill_shift,   lower_to_triton
+                                            then mark_uniform_queries
     draft_step        DraftStep (no fc)     as draft_extend, without prune_draft_rows       lower_to_triton
     verify_tree       a copy of base        insert_tree_mask                                lower_to_triton
     draft_tree_step   a copy of draft_step  insert_tree_mask                                lower_to_triton
 
-([...]: per the plan; lowering only with lower_to_triton=True.) Each graph's PassContext is
+([...]: per the plan; lowering only with lower_to_triton=True.) The base graph runs the ragged
+prefill; `verify` is the same graph with its attention marked uniform (k+1 rows per sequence,
+device-side only), as are the draft step (1 row) and the padded draft extend (k+1 rows). Each graph's PassContext is
 declared in the table too, so `run_passes` only iterates: every pass is `run(gm, ctx)` and reads
 what it needs from the context (canonicalize_attention its expected_attention_layers, the KV
 passes their pool settings). `eagle_fx.capture` exports the step modules and runs the table.
@@ -33,6 +37,7 @@ log = logging.getLogger("eagle_fx")
 
 DRAFT_KV_CHOICES = ("own", "pool", "layer")
 DRAFT_GRAPHS = ("draft_prefill", "draft_extend", "draft_step")
+UNIFORM_GRAPHS = ("draft_extend", "draft_step")  # draft graphs whose rows are the same count per sequence
 TREE_GRAPHS = {"verify_tree": "base", "draft_tree_step": "draft_step"}  # tree graph -> the chain graph it copies
 
 
@@ -103,14 +108,17 @@ def build_pipelines(plan: CapturePlan, base_layers: int) -> dict[str, GraphPipel
     batch_invariant = ("batch_invariant",) if plan.batch_invariant else ()
     lowering = ("lower_to_triton",) if plan.lower_to_triton else ()
     pipelines = {"base": GraphPipeline(PassContext(expected_attention_layers=base_layers),
-                                       cached_attention + batch_invariant, lowering)}
+                                       cached_attention + batch_invariant, lowering),
+                 "verify": GraphPipeline(PassContext(), ("mark_uniform_queries",), lowering, copy_of="base")}
     for name in DRAFT_GRAPHS:
         unshift = ("drop_prefill_shift",) if name == "draft_prefill" and not plan.prefill_shift else ()
         alias = ("alias_draft_kv",) if plan.draft_kv != "own" else ()
         prune = ("prune_draft_rows",) if plan.draft_kv == "layer" and name != "draft_step" else ()
         context = PassContext(expected_attention_layers=1, pool_name=DRAFT_POOL, shared_pool_layer=base_layers,
                               kv_share_layer=plan.kv_share_layer, all_rows_committed=name == "draft_prefill")
-        pipelines[name] = GraphPipeline(context, cached_attention + unshift + batch_invariant + alias + prune, lowering)
+        uniform = ("mark_uniform_queries",) if name in UNIFORM_GRAPHS else ()
+        pipelines[name] = GraphPipeline(context, cached_attention + unshift + batch_invariant + alias + prune + uniform,
+                                        lowering)
     if plan.tree:
         for name, source in TREE_GRAPHS.items():
             pipelines[name] = GraphPipeline(PassContext(), ("insert_tree_mask",), lowering, copy_of=source)

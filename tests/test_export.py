@@ -44,7 +44,7 @@ def test_round_trip(tmp_path, target, request):
     else:
         out = eagle_fx.export(model, tmp_path / target, target=target)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["target"] == target and set(manifest["graphs"]) == {"base", "draft_prefill", "draft_extend", "draft_step"}
+    assert manifest["target"] == target and set(manifest["graphs"]) == {"base", "verify", "draft_prefill", "draft_extend", "draft_step"}
     assert manifest["num_spec_tokens"] == 3 and manifest["draft_method"] == "eagle" and manifest["kv_share"] == "pool"
     assert manifest["torch_version"] == torch.__version__ and manifest["eagle_fx_version"] == eagle_fx.__version__
     loaded = eagle_fx.load_exported(out)

@@ -185,8 +185,15 @@ def test_profiler_is_opt_in():
     assert not plain.profiled and plain.profile() is None and plain.graph_calls == {}
     assert plain.time_verify_s == plain.time_draft_s == plain.time_prefill_s == 0.0
     timed = model.generate(prompts, max_new_tokens=12, profile=True).stats
-    assert timed.profiled and timed.time_verify_s > 0 and set(timed.profile()) == {"prefill", "draft", "verify", "host"}
-    # one verify per speculation step (both sequences verified together while both run)
-    assert timed.graph_calls["verify"] <= timed.num_drafts and timed.graph_calls["base"] >= 1
-    assert timed.graph_calls["draft_step"] == 2 * timed.graph_calls["verify"]  # k - 1 draft steps per verify
-    assert timed.time_verify_s == pytest.approx(timed.graph_time_s["verify"])
+    assert timed.profiled and timed.time_cycle_s > 0
+    assert set(timed.profile()) == {"prefill", "draft", "verify", "cycle", "host"}
+    # one chain cycle per speculation step (both sequences in one while both run)
+    assert timed.graph_calls["chain_cycle"] <= timed.num_drafts and timed.graph_calls["base"] >= 1
+    assert timed.time_cycle_s == pytest.approx(timed.graph_time_s["chain_cycle"])
+    # graph by graph (a proposer with a hook runs the cycle step by step): k - 1 draft steps per verify
+    stepwise = model.replace(proposer=ChainProposer(override=lambda contexts, j, tokens: tokens)).generate(
+        prompts, max_new_tokens=12, profile=True)
+    assert stepwise.sequences == model.generate(prompts, max_new_tokens=12).sequences
+    steps = stepwise.stats
+    assert steps.graph_calls["draft_step"] == 2 * steps.graph_calls["verify"] and "chain_cycle" not in steps.graph_calls
+    assert steps.time_verify_s == pytest.approx(steps.graph_time_s["verify"])

@@ -23,6 +23,22 @@ window; which tree slots it sees is the mask's.
 
 `eagle_fx::rowwise_linear` is `F.linear` one row at a time (see passes/batch_invariant.py).
 
+Two query layouts (cached_attention and shared_cached_attention's `uniform_queries`, set by
+passes/mark_uniform_queries.py on the decode-step graphs):
+  uniform_queries=True   every sequence has T // B query rows, back to back (a draft step: 1, a
+                         verify or padded extend: k+1). Device-side only: no value is read on the
+                         host and no shape depends on data; every sequence reads the keys of its
+                         whole block-table row (block_table.shape[1] * block_size, the runtime
+                         passes a table as wide as the batch's longest sequence needs) and masks by
+                         position, so the mask is [B, T // B, S]: linear in S.
+  uniform_queries=False  ragged rows (prefill): the host reads the sequence bounds once per call and
+                         attends per sequence, queries in tiles of QUERY_TILE rows (a fresh sequence
+                         from position 0 without a window: the causal kernel, no mask), so no
+                         [T, S] mask is ever built (equal rows per sequence with a mask of at most
+                         UNIFORM_MASK_LIMIT entries per sequence, e.g. many short prompts: batched).
+tree_cached_attention's rows are always uniform (a tree's nodes per sequence) and device-side.
+batch_invariant=True keeps the row-by-row host loop (bit-identical chunking over speed).
+
 Layouts:
   q            [1, H, T, D]    (T = all tokens of all sequences of the step, packed)
   k, v         [1, KVH, T, D]
@@ -51,12 +67,12 @@ _lib.define("attention(Tensor q, Tensor k, Tensor v, float scale, int sliding_wi
 _lib.define(
     "cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "
     "Tensor block_table, Tensor query_start_loc, Tensor positions, float scale, int sliding_window, "
-    "bool batch_invariant=False) -> Tensor"
+    "bool batch_invariant=False, bool uniform_queries=False) -> Tensor"
 )
 _lib.define(
     "shared_cached_attention(Tensor q, Tensor? k, Tensor? v, Tensor kv_pool, int base_layer, Tensor(a!) spec_kv, "
     "Tensor spec_rows, Tensor committed_len, Tensor block_table, Tensor query_start_loc, Tensor positions, "
-    "float scale, int sliding_window) -> Tensor"
+    "float scale, int sliding_window, bool uniform_queries=False) -> Tensor"
 )
 _lib.define(
     "tree_cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "
@@ -66,9 +82,13 @@ _lib.define(
 _lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 
 
+QUERY_TILE = 256  # ragged attention: query rows per SDPA call (its mask is [QUERY_TILE, keys] at most)
+UNIFORM_MASK_LIMIT = 1 << 16  # ragged call with equal rows per sequence: batched when a mask is this small
+
+
 def visible_keys(q_pos: Tensor, num_keys: int, sliding_window: int) -> Tensor:
-    """Bool mask [Tq, num_keys]: key position j is visible to a query at position p."""
-    dist = q_pos[:, None] - torch.arange(num_keys, device=q_pos.device)[None, :]
+    """Bool mask [..., num_keys]: key position j is visible to a query at position p (q_pos [...])."""
+    dist = q_pos[..., None] - torch.arange(num_keys, device=q_pos.device)
     mask = dist >= 0
     if sliding_window > 0:
         mask &= dist < sliding_window
@@ -82,28 +102,81 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, scale: float, sliding_window:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
+def _write_kv(pool: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """k/v [1, KVH, T, D] into one layer's pool [2, blocks, block_size, KVH, D] at slot_mapping [T]."""
+    kvh, d = k.shape[1], k.shape[3]
+    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(pool.dtype))
+
+
+def _paged_keys(pool: Tensor, block_table: Tensor, dtype: torch.dtype) -> Tensor:
+    """Every sequence's whole block-table row of one layer's pool: [2, B, S, KVH, D], S = blocks * block_size."""
+    kv = pool[:, block_table].flatten(2, 3)
+    return kv if kv.dtype == dtype else kv.to(dtype)
+
+
+def _uniform_sdpa(q: Tensor, kv: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """q [1, H, T, D] as B sequences of T // B rows against kv [2, B, S, KVH, D] under mask [B, T // B, S]."""
+    heads, total, d = q.shape[1], q.shape[2], q.shape[3]
+    num_seqs = kv.shape[1]
+    per_seq = total // num_seqs
+    qs = q[0].reshape(heads, num_seqs, per_seq, d).transpose(0, 1)  # [B, H, P, D]
+    keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, KVH, S, D]
+    out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask[:, None], scale=scale,
+                                         enable_gqa=keys.shape[1] != heads)
+    return out.transpose(0, 1).reshape(1, heads, total, d)
+
+
+def _ragged_sdpa(q: Tensor, keys: Tensor, values: Tensor, q_pos: Tensor, first: int, scale: float,
+                 sliding_window: int) -> Tensor:
+    """One sequence's queries q [1, H, n, D] at positions q_pos (first = q_pos[0], known on the host)
+    over its keys [1, KVH, S, D]: the causal kernel when the queries are positions 0..S-1 without a
+    window, else query tiles of QUERY_TILE rows with their own [tile, S] masks."""
+    n, num_keys = q.shape[2], keys.shape[2]
+    gqa = keys.shape[1] != q.shape[1]
+    if n == 1 and (sliding_window == 0 or num_keys <= sliding_window):
+        return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=gqa)  # sees every key
+    if first == 0 and n == num_keys and sliding_window == 0:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+    tiles = []
+    for a in range(0, n, QUERY_TILE):
+        mask = visible_keys(q_pos[a:a + QUERY_TILE], num_keys, sliding_window)
+        tiles.append(F.scaled_dot_product_attention(q[:, :, a:a + QUERY_TILE], keys, values, attn_mask=mask, scale=scale,
+                                                    enable_gqa=gqa))
+    return tiles[0] if len(tiles) == 1 else torch.cat(tiles, dim=2)
+
+
 def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
                          block_table: Tensor, query_start_loc: Tensor, positions: Tensor, scale: float,
-                         sliding_window: int, batch_invariant: bool = False) -> Tensor:
+                         sliding_window: int, batch_invariant: bool = False, uniform_queries: bool = False) -> Tensor:
     """Write k/v at their slots, then attend each query to its sequence's cached keys.
 
-    batch_invariant=True attends one query row at a time, so a row's result does not depend on how
-    many rows share the call (chunked prefill then gives bit-identical KV to unchunked prefill).
+    uniform_queries=True: device-side only (see the module docstring). batch_invariant=True attends
+    one query row at a time, so a row's result does not depend on how many rows share the call
+    (chunked prefill then gives bit-identical KV to unchunked prefill).
     """
-    kvh, d = k.shape[1], k.shape[3]
-    block_size = kv_pool.shape[3]
     pool = kv_pool[layer]  # [2, blocks, block_size, kvh, d]
-    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(kv_pool.dtype))
-
-    out = torch.empty_like(q)
+    _write_kv(pool, k, v, slot_mapping)
     pos = positions.reshape(-1)
+    if uniform_queries and not batch_invariant:
+        num_seqs = block_table.shape[0]
+        kv = _paged_keys(pool, block_table, q.dtype)
+        mask = visible_keys(pos.view(num_seqs, -1), kv.shape[2], sliding_window)
+        return _uniform_sdpa(q, kv, mask, scale)
+    kvh, d, block_size = k.shape[1], k.shape[3], kv_pool.shape[3]
+    out = torch.empty_like(q)
     n_seq = query_start_loc.shape[0] - 1
-    # one host sync for all sequences: query bounds, and each sequence's last query position
-    meta = torch.cat([query_start_loc, pos[query_start_loc[1:] - 1]]).tolist()
-    bounds, ends = meta[:n_seq + 1], meta[n_seq + 1:]
+    # one host read for all sequences: query bounds, each sequence's first and last query position
+    meta = torch.cat([query_start_loc, pos[query_start_loc[:-1].clamp(max=max(pos.numel() - 1, 0))],
+                      pos[(query_start_loc[1:] - 1).clamp(min=0)]]).tolist()
+    bounds, firsts, ends = meta[:n_seq + 1], meta[n_seq + 1:2 * n_seq + 1], meta[2 * n_seq + 1:]
     gqa = kvh != q.shape[1]
-    if not batch_invariant and n_seq > 1 and all(bounds[s + 1] - bounds[s] == bounds[1] for s in range(n_seq)):
-        return _uniform_cached_attention(q, pool, block_table, pos, n_seq, max(ends) + 1, scale, sliding_window, gqa)
+    per_seq = bounds[1]
+    if (not batch_invariant and n_seq > 1 and per_seq * (max(ends) + 1) <= UNIFORM_MASK_LIMIT
+            and all(bounds[s + 1] - bounds[s] == per_seq for s in range(n_seq))):
+        # equal rows per sequence and a small mask (many short prompts): one attention for all
+        nb = -(-(max(ends) + 1) // block_size)
+        kv = _paged_keys(pool, block_table[:, :nb], q.dtype)
+        return _uniform_sdpa(q, kv, visible_keys(pos.view(n_seq, per_seq), kv.shape[2], sliding_window), scale)
     for s in range(n_seq):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
@@ -120,43 +193,35 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
                 out[:, :, i:i + 1] = F.scaled_dot_product_attention(
                     q[:, :, i:i + 1], kt[:, :, lo:p + 1], vt[:, :, lo:p + 1], scale=scale, enable_gqa=gqa)
             continue
-        if b - a == 1 and (sliding_window == 0 or num_keys <= sliding_window):
-            mask = None  # one query at the end of its sequence: every cached key is visible
-        else:
-            mask = visible_keys(pos[a:b], num_keys, sliding_window)
-        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], kt, vt, pos[a:b], firsts[s], scale, sliding_window)
     return out
-
-
-def _uniform_cached_attention(q: Tensor, pool: Tensor, block_table: Tensor, pos: Tensor, n_seq: int, num_keys: int,
-                              scale: float, sliding_window: int, gqa: bool) -> Tensor:
-    """Every sequence of the call has the same number of queries (a decode step, a verify, a batch
-    of equal-length prompts): one attention over all of them, each sequence's keys gathered up to
-    the longest one's and the rest masked out by position."""
-    kvh, d, block_size = pool.shape[-2], pool.shape[-1], pool.shape[2]
-    heads, total = q.shape[1], q.shape[2]
-    per_seq = total // n_seq
-    nb = -(-num_keys // block_size)
-    kv = pool[:, block_table[:, :nb]].view(2, n_seq, nb * block_size, kvh, d)[:, :, :num_keys].transpose(2, 3)
-    if kv.dtype != q.dtype:
-        kv = kv.to(q.dtype)
-    query_pos = pos.view(n_seq, per_seq)
-    mask = (torch.arange(num_keys, device=q.device)[None, None, :] <= query_pos[:, :, None])
-    if sliding_window > 0:
-        mask &= query_pos[:, :, None] - torch.arange(num_keys, device=q.device)[None, None, :] < sliding_window
-    qs = q[0].reshape(heads, n_seq, per_seq, d).transpose(0, 1)  # [B, H, Tq, D]
-    out = F.scaled_dot_product_attention(qs, kv[0], kv[1], attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
-    return out.transpose(0, 1).reshape(1, heads, total, d)
 
 
 def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, kv_pool: Tensor, base_layer: int,
                                 spec_kv: Tensor, spec_rows: Tensor, committed_len: Tensor, block_table: Tensor,
-                                query_start_loc: Tensor, positions: Tensor, scale: float, sliding_window: int) -> Tensor:
+                                query_start_loc: Tensor, positions: Tensor, scale: float, sliding_window: int,
+                                uniform_queries: bool = False) -> Tensor:
     """Write the uncommitted rows' k/v into the ring, then attend each query to its sequence's keys:
-    the base layer's below committed_len, the ring's from there on."""
+    the base layer's below committed_len, the ring's from there on. uniform_queries=True:
+    device-side only (a sequence's rows then span at most the ring's size in positions)."""
     kvh, d = spec_kv.shape[-2], spec_kv.shape[-1]
     ring, block_size = spec_kv.shape[2], kv_pool.shape[3]
     pos = positions.reshape(-1)
+    if uniform_queries:
+        num_seqs, total = block_table.shape[0], pos.shape[0]
+        seq = torch.arange(total, device=pos.device) // (total // num_seqs)
+        if k is not None and v is not None:  # committed rows write back what the ring holds
+            own = (pos >= committed_len[seq])[None, :, None, None]
+            rows, slots = spec_rows[seq], pos % ring
+            new = torch.stack([k[0], v[0]]).transpose(1, 2).to(spec_kv.dtype)  # [2, T, kvh, d]
+            spec_kv[:, rows, slots] = torch.where(own, new, spec_kv[:, rows, slots])
+        base = _paged_keys(kv_pool[base_layer], block_table, q.dtype)  # [2, B, S, kvh, d]
+        key_pos = torch.arange(base.shape[2], device=pos.device)
+        ring_kv = spec_kv[:, spec_rows][:, :, key_pos % ring].to(q.dtype)  # [2, B, S, kvh, d]
+        committed = (key_pos[None] < committed_len[:, None])[None, :, :, None, None]
+        kv = torch.where(committed, base, ring_kv)
+        mask = visible_keys(pos.view(num_seqs, -1), base.shape[2], sliding_window)
+        return _uniform_sdpa(q, kv, mask, scale)
     n_seq = query_start_loc.shape[0] - 1
     meta = torch.cat([query_start_loc, pos[query_start_loc[1:] - 1], committed_len, spec_rows]).tolist()
     bounds, ends = meta[:n_seq + 1], meta[n_seq + 1:2 * n_seq + 1]
@@ -173,7 +238,6 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
             spec_kv[:, spec_rows[seq[r]], pos[r] % ring] = new
     out = torch.empty_like(q)
     base = kv_pool[base_layer]
-    gqa = kvh != q.shape[1]
     for s in range(n_seq):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
@@ -189,26 +253,31 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
         kv = kv.transpose(1, 2)
         if kv.dtype != q.dtype:
             kv = kv.to(q.dtype)
-        if b - a == 1 and (sliding_window == 0 or num_keys <= sliding_window):
-            mask = None
-        else:
-            mask = visible_keys(pos[a:b], num_keys, sliding_window)
-        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kv[0][None], kv[1][None], attn_mask=mask,
-                                                        scale=scale, enable_gqa=gqa)
+        first = ends[s] + 1 - (b - a)
+        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], kv[0][None], kv[1][None], pos[a:b], first, scale, sliding_window)
     return out
 
 
-def tree_visible_keys(q_pos: Tensor, tree_rows: Tensor, tree_start: int, sliding_window: int) -> Tensor:
-    """Bool mask [Tq, tree_start + W]: keys below tree_start by position (and window), then the tree
-    slots each query's row of the tree mask [Tq, W] marks. A row marks the query's ancestors and
-    itself, which in slot order sit at depths 0, 1, ..., so its j-th marked slot is at position
-    tree_start + j: the sliding window applies to them by that position."""
+def tree_visible_keys(q_pos: Tensor, tree_rows: Tensor, tree_start: Tensor, num_keys: int,
+                      sliding_window: int) -> Tensor:
+    """Bool mask [B, P, num_keys] for B sequences of P tree queries at positions q_pos [B, P]: keys
+    below tree_start [B] by position (and window), then the W tree slots from tree_start that each
+    query's row of tree_rows [B, P, W] marks. A row marks the query's ancestors and itself, which in
+    slot order sit at depths 0, 1, ..., so its j-th marked slot is at position tree_start + j: the
+    sliding window applies to them by that position."""
+    width = tree_rows.shape[-1]
+    key = torch.arange(num_keys, device=q_pos.device)
+    start = tree_start[:, None, None]
+    past = visible_keys(q_pos, num_keys, sliding_window) & (key < start)
+    slot = key - start  # [B, 1, S]: the tree slot a key is, when 0 <= slot < W
+    in_tree = (slot >= 0) & (slot < width)
+    index = slot.clamp(0, width - 1).expand(-1, q_pos.shape[1], -1)
     tree = tree_rows.bool()
-    past = visible_keys(q_pos, tree_start, sliding_window) if tree_start else tree.new_zeros(len(q_pos), 0)
+    marked = tree.gather(2, index) & in_tree
     if sliding_window > 0:
-        key_pos = tree_start + tree.long().cumsum(1) - 1
-        tree = tree & (q_pos[:, None] - key_pos < sliding_window)
-    return torch.cat([past, tree], dim=1)
+        slot_pos = start + tree.long().cumsum(2) - 1  # [B, P, W]
+        marked &= q_pos[..., None] - slot_pos.gather(2, index) < sliding_window
+    return past | marked
 
 
 def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
@@ -216,34 +285,25 @@ def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, 
                               tree_start: Tensor, scale: float, sliding_window: int,
                               batch_invariant: bool = False) -> Tensor:
     """Write k/v at their slots, then attend each query to its sequence's keys below tree_start and
-    to the tree slots its tree_mask row marks. batch_invariant=True: one query row at a time."""
-    kvh, d = k.shape[1], k.shape[3]
-    block_size, width = kv_pool.shape[3], tree_mask.shape[1]
+    to the tree slots its tree_mask row marks. Device-side only; batch_invariant=True: one query
+    row at a time."""
     pool = kv_pool[layer]
-    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(kv_pool.dtype))
+    _write_kv(pool, k, v, slot_mapping)
+    num_seqs, width = block_table.shape[0], tree_mask.shape[1]
+    kv = _paged_keys(pool, block_table, q.dtype)
+    q_pos = positions.reshape(num_seqs, -1)
+    mask = tree_visible_keys(q_pos, tree_mask.view(num_seqs, -1, width), tree_start, kv.shape[2], sliding_window)
+    if not batch_invariant:
+        return _uniform_sdpa(q, kv, mask, scale)
+    heads, total, d = q.shape[1], q.shape[2], q.shape[3]
+    per_seq = total // num_seqs
     out = torch.empty_like(q)
-    pos = positions.reshape(-1)
-    n_seq = query_start_loc.shape[0] - 1
-    meta = torch.cat([query_start_loc, tree_start]).tolist()
-    bounds, starts = meta[:n_seq + 1], meta[n_seq + 1:]
-    gqa = kvh != q.shape[1]
-    for s in range(n_seq):
-        a, b = bounds[s], bounds[s + 1]
-        if a == b:
-            continue
-        num_keys = starts[s] + width
-        nb = -(-num_keys // block_size)
-        kv = pool[:, block_table[s, :nb]].view(2, nb * block_size, kvh, d)[:, :num_keys].transpose(1, 2)
-        if kv.dtype != q.dtype:
-            kv = kv.to(q.dtype)
-        mask = tree_visible_keys(pos[a:b], tree_mask[a:b], starts[s], sliding_window)
-        if batch_invariant:
-            for i in range(a, b):
-                out[:, :, i:i + 1] = F.scaled_dot_product_attention(
-                    q[:, :, i:i + 1], kv[0][None], kv[1][None], attn_mask=mask[i - a:i - a + 1], scale=scale, enable_gqa=gqa)
-            continue
-        out[:, :, a:b] = F.scaled_dot_product_attention(q[:, :, a:b], kv[0][None], kv[1][None], attn_mask=mask,
-                                                        scale=scale, enable_gqa=gqa)
+    gqa = kv.shape[-2] != heads
+    for i in range(total):
+        s, r = divmod(i, per_seq)
+        out[:, :, i:i + 1] = F.scaled_dot_product_attention(
+            q[:, :, i:i + 1], kv[0, s].transpose(0, 1)[None], kv[1, s].transpose(0, 1)[None],
+            attn_mask=mask[s, r:r + 1], scale=scale, enable_gqa=gqa)
     return out
 
 
@@ -269,13 +329,13 @@ def _(q, k, v, scale, sliding_window):
 
 @torch.library.register_fake("eagle_fx::cached_attention", lib=_lib)
 def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, positions, scale, sliding_window,
-      batch_invariant=False):
+      batch_invariant=False, uniform_queries=False):
     return torch.empty_like(q)
 
 
 @torch.library.register_fake("eagle_fx::shared_cached_attention", lib=_lib)
 def _(q, k, v, kv_pool, base_layer, spec_kv, spec_rows, committed_len, block_table, query_start_loc, positions, scale,
-      sliding_window):
+      sliding_window, uniform_queries=False):
     return torch.empty_like(q)
 
 

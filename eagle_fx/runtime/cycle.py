@@ -9,7 +9,8 @@ sampled token x_m is pending (draft_offset o: 1 unshifted, where draft slot p ho
   draft step j = 1..k-1: token d_j at position m-1+j+o, feature = the draft's previous output;
   verify: base on [x_m, d_1..d_k] at positions m..m+k -> accepted a, next token;
   extend: draft on [d_1..d_a, next] at positions m+o..m+a+o with the verified base features
-          f_m..f_{m+a} -> the next d_1;  m += a + 1.
+          f_m..f_{m+a} -> the next d_1;  m += a + 1. (Padded to k+1 rows per sequence, so every
+          step graph sees the same rows per sequence: see extend_draft.)
 
 Stale K/V past a sequence's committed length (rejected proposals) are never read: attention is
 bounded by each query's position, and later tokens overwrite those slots.
@@ -22,6 +23,7 @@ import torch
 
 from eagle_fx.draft_tree import tree_mask
 from eagle_fx.runtime.kv_cache import slot_mapping
+from eagle_fx.runtime.step_inputs import extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import accept_chain, accept_tree
 
 
@@ -52,20 +54,12 @@ class Verified:
 
 def verify_chain(model, call, wave, batch: ActiveBatch, proposal) -> Verified:
     """One verify of [pending, d_1..d_k] per sequence, and acceptance along the chain."""
-    k, block_size = model.options.num_spec_tokens, model.options.block_size
-    long = dict(dtype=torch.long, device=model.device)
-    num_active = batch.size
-    drafts = proposal.tokens
-    positions = (batch.committed_len[:, None] + torch.arange(k + 1, **long)[None]).reshape(-1)
-    seq = torch.repeat_interleave(torch.arange(num_active, **long), k + 1)
+    k, drafts = model.options.num_spec_tokens, proposal.tokens
     logits, features = model.executor.step(
-        "verify", num_active, wave.tables, call.profiler,
-        input_ids=torch.cat([batch.pending[:, None], drafts], dim=1).reshape(1, -1), positions=positions[None],
-        logits_indices=torch.arange(num_active * (k + 1), **long),
-        slot_mapping=slot_mapping(batch.block_table, seq, positions, block_size), block_table=batch.block_table,
-        query_start_loc=torch.arange(num_active + 1, **long) * (k + 1), seq_rows=batch.wave_rows)
+        "verify", batch.size, wave.tables, call.profiler, seq_rows=batch.wave_rows,
+        **verify_inputs(batch.pending, drafts, batch.committed_len, batch.block_table, model.options.block_size))
     accepted, next_token = accept_chain(call.sampler, drafts, proposal.draft_probs, logits)
-    return Verified(accepted, next_token, drafts, features.view(num_active, k + 1, -1))
+    return Verified(accepted, next_token, drafts, features.view(batch.size, k + 1, -1))
 
 
 def verify_tree(model, call, wave, batch: ActiveBatch, proposal) -> Verified:
@@ -96,32 +90,16 @@ def verify_tree(model, call, wave, batch: ActiveBatch, proposal) -> Verified:
     return Verified(accepted, next_token, nodes.gather(1, path[:, 1:]), path_features)
 
 
-def extend_draft(model, call, wave, batch: ActiveBatch, verified: Verified, keep: list[int], total: int) -> ActiveBatch:
-    """The draft on [d_1..d_a, next token] of each kept sequence with the base's verified features
-    (`total` tokens in all, known on the host); returns the kept sequences' batch, the next token
-    pending and the accepted tokens committed."""
-    long = dict(dtype=torch.long, device=model.device)
-    kept = torch.tensor(keep, **long)
-    accepted = verified.accepted[kept]
-    new_tokens = accepted + 1  # per sequence: its accepted drafts and the next token
-    seq = torch.repeat_interleave(torch.arange(len(keep), **long), new_tokens, output_size=total)
-    first = new_tokens.cumsum(0) - new_tokens
-    offset = torch.arange(total, **long) - torch.repeat_interleave(first, new_tokens, output_size=total)
-    tokens = torch.cat([verified.drafted, verified.next_token[:, None]], dim=1)  # [A, W+1]; next token at column a
-    tokens[torch.arange(tokens.shape[0], **long), verified.accepted] = verified.next_token
-    committed_len = batch.committed_len[kept]
-    block_table = batch.block_table[kept]
-    positions = committed_len[seq] + offset + model.draft_offset
-    query_start_loc = torch.zeros(len(keep) + 1, **long)
-    query_start_loc[1:] = new_tokens.cumsum(0)
+def extend_draft(model, call, wave, batch: ActiveBatch, verified: Verified, keep: list[int]) -> ActiveBatch:
+    """The draft over each kept sequence's W+1 verified positions, padded (step_inputs.extend_inputs);
+    returns the kept sequences' batch, the next token pending and the accepted tokens committed."""
+    kept = torch.tensor(keep, dtype=torch.long, device=model.device)
     next_token = verified.next_token[kept]
-    committed_len = committed_len + new_tokens  # the base KV now holds every accepted token; next is pending
-    draft_logits, draft_hidden = model.executor.call(
-        "draft_extend", wave.tables, call.profiler, input_ids=tokens[kept][seq, offset][None], positions=positions[None],
-        features=verified.path_features[kept][seq, offset], logits_indices=query_start_loc[1:] - 1,
-        next_tokens=next_token, query_start_loc=query_start_loc,
-        slot_mapping=slot_mapping(block_table, seq, positions, model.options.block_size), block_table=block_table,
-        spec_rows=batch.wave_rows[kept], committed_len=committed_len)
+    inputs, committed_len = extend_inputs(
+        verified.drafted[kept], verified.accepted[kept], next_token, verified.path_features[kept],
+        batch.committed_len[kept], batch.block_table[kept], batch.wave_rows[kept], model.draft_offset,
+        model.options.block_size)
+    draft_logits, draft_hidden = model.executor.call("draft_extend", wave.tables, call.profiler, **inputs)
     return replace(batch, seqs=[batch.seqs[r] for r in keep], wave_rows=batch.wave_rows[kept], pending=next_token,
-                   committed_len=committed_len, block_table=block_table, draft_logits=draft_logits,
+                   committed_len=committed_len, block_table=batch.block_table[kept], draft_logits=draft_logits,
                    draft_hidden=draft_hidden)

@@ -1,8 +1,8 @@
 """Graph calls: each step graph's inputs from its StepSignature, through static buffers (replayed as
 CUDA graphs on a GPU) where the model runs static steps, timed by the call's profiler when asked.
 
-Graph names: base (prefill and, as "verify", the k+1-row verify), draft_prefill, draft_extend,
-draft_step, and for draft trees verify_tree and draft_tree_step.
+Graph names: base (the prefill), verify (the base at k+1 rows per sequence), draft_prefill,
+draft_extend, draft_step, and for draft trees verify_tree and draft_tree_step.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from eagle_fx.runtime.signature import StepSignature
 from eagle_fx.runtime.static_buffers import StaticPrefill, StaticStep
 from eagle_fx.runtime.stats import Profiler
 
-# torch reference ops that read tensor values on the host: their graphs cannot be CUDA-graph captured
+# torch reference ops that read tensor values on the host (unless marked uniform_queries): their
+# graphs cannot be CUDA-graph captured
 HOST_READING_OPS = ("cached_attention", "shared_cached_attention", "rowwise_linear")
 
 
@@ -45,8 +46,8 @@ class Executor:
         exported files: not captured)."""
         host_reading = tuple(getattr(torch.ops.eagle_fx, op).default for op in HOST_READING_OPS)
         blocking = graphs is None or any(
-            n.op == "call_function" and n.target in host_reading
-            for name in ("base", "draft_step", "draft_prefill") for n in getattr(graphs, name).graph.nodes)
+            n.op == "call_function" and n.target in host_reading and not n.kwargs.get("uniform_queries", False)
+            for name in ("base", "verify", "draft_step", "draft_prefill") for n in getattr(graphs, name).graph.nodes)
         self.cuda_graphs = device.type == "cuda" and not blocking
         kv = self.kv_cache
         common = dict(max_batch_size=options.max_batch_size, scratch_block=kv.scratch_block,
@@ -55,7 +56,7 @@ class Executor:
         fns, sigs = self.callables, self.signatures
         self.static = {
             "draft_step": StaticStep(fns["draft_step"], sigs["draft_step"], 1, **common),
-            "verify": StaticStep(fns["base"], sigs["base"], options.num_spec_tokens + 1, **common),
+            "verify": StaticStep(fns["verify"], sigs["verify"], options.num_spec_tokens + 1, **common),
             "base": StaticPrefill(fns["base"], sigs["base"], ("seqs", "tokens"), max_tokens=max_tokens, **common),
             "draft_prefill": StaticPrefill(fns["draft_prefill"], sigs["draft_prefill"], ("seqs", "seqs"),
                                            max_tokens=max_tokens, **common)}
@@ -72,8 +73,7 @@ class Executor:
         return sig.select(values)
 
     def add_observer(self, observer) -> None:
-        """observer(graph, inputs, outputs) is called after every step-graph call (tests, tracing);
-        graph is "verify" for the base graph at k+1 rows per sequence."""
+        """observer(graph, inputs, outputs) is called after every step-graph call (tests, tracing)."""
         self.observers.append(observer)
 
     def call(self, graph: str, wave: WaveTables | None = None, profiler: Profiler | None = None, **values):
@@ -87,11 +87,10 @@ class Executor:
         return self._run(graph, self.static[graph], self.graph_inputs(graph, values, wave), profiler)
 
     def step(self, graph: str, n_seq: int, wave: WaveTables | None, profiler: Profiler | None, **values):
-        """The draft step or the verify ("verify": the base graph at k+1 rows per sequence)."""
-        source = "base" if graph == "verify" else graph
-        inputs = self.graph_inputs(source, values, wave)
+        """The draft step or the verify, through static buffers where the model has them."""
+        inputs = self.graph_inputs(graph, values, wave)
         if graph not in self.static:
-            fn = self.callables[source]
+            fn = self.callables[graph]
         else:
             static = self.static[graph]
             fn = lambda **kw: static(n_seq, **kw)  # noqa: E731

@@ -10,6 +10,7 @@ import torch
 
 from eagle_fx.multimodal import prompt_images, refuse_options
 from eagle_fx.options import Options
+from eagle_fx.runtime.chain_cycle import ChainCycle
 from eagle_fx.runtime.executor import Executor
 from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
 from eagle_fx.runtime.pair import PairSpec
@@ -33,7 +34,8 @@ class SpeculativeModel:
     """
 
     def __init__(self, graphs, callables: dict, options: Options, spec: PairSpec,
-                 signatures: dict[str, StepSignature] | None = None, image_encoder=None, proposer=None):
+                 signatures: dict[str, StepSignature] | None = None, image_encoder=None, proposer=None,
+                 chain_cycles: dict | None = None):
         self.graphs, self.callables, self.options, self.spec = graphs, callables, options, spec
         self.image_encoder = image_encoder  # a vision-language base's images -> embeddings (eagle_fx.multimodal)
         self.signatures = signatures or {name: StepSignature.of_graph(name, getattr(graphs, name)) for name in callables}
@@ -63,6 +65,9 @@ class SpeculativeModel:
             raise ValueError(f"bootstrap must be a [{spec.feature_dim}] feature vector (the draft's input feature "
                              f"size), got {tuple(bootstrap.shape)}")
         self.bootstrap = bootstrap.to(device=self.device, dtype=self.dtype)[None]
+        # chain cycles (compiled ones included) are shared with every model replace() makes from this one
+        self._chain_cycles = chain_cycles if chain_cycles is not None else {}
+        self.chain_cycle = self._make_chain_cycle()
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
         self._lock_owner: int | None = None
 
@@ -79,7 +84,23 @@ class SpeculativeModel:
         if proposer is None and "draft_tree" not in changes:
             proposer = self.proposer
         return SpeculativeModel(self.graphs, self.callables, options, self.spec, self.signatures, self.image_encoder,
-                                proposer)
+                                proposer, self._chain_cycles)
+
+    def _make_chain_cycle(self) -> ChainCycle | None:
+        """The chain's cycle as one function (eagle_fx.runtime.chain_cycle), compiled as one graph
+        with backend="inductor"; None where cycles run graph by graph: draft trees, static buffers
+        (backend="triton"), vision-language pairs, and a proposer with an override hook."""
+        if (self.tree is not None or self.static_steps or self.spec.vision_language
+                or getattr(self.proposer, "override", None) is not None):
+            return None
+        compile = self.options.backend == "inductor" and self.graphs is not None
+        key = (self.options.num_spec_tokens, self.options.block_size, compile)
+        if key not in self._chain_cycles:
+            graphs = {name: getattr(self.graphs, name) if compile else self.callables[name]
+                      for name in ("draft_step", "verify", "draft_extend")}
+            self._chain_cycles[key] = ChainCycle(graphs, self.signatures, self.spec, self.options.num_spec_tokens,
+                                                 self.draft_offset, self.options.block_size, compile)
+        return self._chain_cycles[key]
 
     def reset(self) -> None:
         """Empty the KV pools and the prefix cache in place (graphs, compiled code and static
@@ -166,10 +187,24 @@ class SpeculativeModel:
         logits rows), so a compiling backend does its work here and not inside a timed generate.
         Runs on scratch pools: this model's KV and prefix cache are untouched."""
         scratch = self.replace()
+        compiled_cycle = self.chain_cycle is not None and self.chain_cycle.compile
         for lens in ([1], [3], [1, 1], [2, 3]):
             for name in self.callables:
-                for all_logits in ((False, True) if name == "base" else (False,)):
-                    scratch.executor.call(name, **scratch.example_inputs(name, lens, all_logits))
+                if compiled_cycle and name in ("draft_step", "verify"):
+                    continue  # they run inside the compiled cycle (compiled on their own when first called)
+                uniform = self.signatures[name].uniform_rows
+                rows = [max(lens)] * len(lens) if uniform else lens  # a decode-step graph: rows alike per sequence
+                for all_logits in ((False, True) if name == "base" else (name == "verify",)):
+                    scratch.executor.call(name, **scratch.example_inputs(name, rows, all_logits))
+        if compiled_cycle:  # the one cycle graph: 2 sequences, 2 blocks of table (ChainCycle's smallest)
+            long = dict(dtype=torch.long, device=self.device)
+            kv, spec = scratch.kv_cache, self.spec
+            draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
+            table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:, :2] % kv.num_blocks
+            scratch.chain_cycle(Sampler(), {"base": kv.pools(True), "draft": kv.pools(False)},
+                                torch.zeros(2, **long), torch.ones(2, **long), table, torch.zeros(2, **long),
+                                torch.zeros(2, draft_vocab, device=self.device, dtype=self.dtype),
+                                torch.zeros(2, spec.draft_hidden_size, device=self.device, dtype=self.dtype))
 
     def example_inputs(self, name: str, lens: list[int], all_logits: bool = False) -> dict:
         """Inputs for step graph `name` on sequences of `lens` tokens at positions 0.. (zeros for
@@ -177,7 +212,7 @@ class SpeculativeModel:
         at every token (a verify), else at each sequence's last token."""
         device, block_size, kv = self.device, self.options.block_size, self.kv_cache
         long = dict(dtype=torch.long, device=device)
-        feature_width = {"base": 0, "verify_tree": 0, "draft_prefill": self.spec.feature_dim,
+        feature_width = {"base": 0, "verify": 0, "verify_tree": 0, "draft_prefill": self.spec.feature_dim,
                          "draft_extend": self.spec.feature_dim, "draft_step": self.spec.draft_hidden_size,
                          "draft_tree_step": self.spec.draft_hidden_size}[name]
         num_seqs, num_tokens = len(lens), sum(lens)

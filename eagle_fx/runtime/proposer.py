@@ -13,6 +13,7 @@ import torch
 from eagle_fx.draft_tree import rerank
 from eagle_fx.runtime.kv_cache import slot_mapping
 from eagle_fx.runtime.sampling import greedy, sample
+from eagle_fx.runtime.step_inputs import draft_step_inputs
 
 
 @dataclass
@@ -43,10 +44,6 @@ class ChainProposer:
 
     def propose(self, model, call, wave, batch) -> Proposal:
         k, block_size = model.options.num_spec_tokens, model.options.block_size
-        long = dict(dtype=torch.long, device=model.device)
-        num_active = batch.size
-        seq_index = torch.arange(num_active, **long)
-        query_start_loc = torch.arange(num_active + 1, **long)
         tokens, probs = [], []
         token, q = draft_pick(model, call, batch.draft_logits)
         hidden = batch.draft_hidden
@@ -54,11 +51,9 @@ class ChainProposer:
             if j:
                 position = batch.committed_len - 1 + j + model.draft_offset
                 draft_logits, hidden = model.executor.step(
-                    "draft_step", num_active, wave.tables, call.profiler, input_ids=token[None],
-                    positions=position[None], features=hidden, logits_indices=seq_index, next_tokens=token,
-                    query_start_loc=query_start_loc, slot_mapping=slot_mapping(batch.block_table, seq_index, position,
-                                                                               block_size),
-                    block_table=batch.block_table, spec_rows=batch.wave_rows, committed_len=batch.committed_len)
+                    "draft_step", batch.size, wave.tables, call.profiler,
+                    **draft_step_inputs(token, position, hidden, batch.block_table, batch.wave_rows,
+                                        batch.committed_len, block_size))
                 token, q = draft_pick(model, call, draft_logits)
             if self.override is not None:
                 token = self.override(wave.contexts_of(batch), j, token)

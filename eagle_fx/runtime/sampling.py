@@ -35,6 +35,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
+def race_sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs [..., V] from noise [..., V] of i.i.d. Exp(1) draws: the argmax of
+    p / E, which is distributed as p (the exponential race; no host read, no generator inside)."""
+    return (probs / noise.clamp_min(1e-30)).argmax(dim=-1)
+
+
 @dataclass
 class Sampler:
     """One generate call's token selection. temperature 0: greedy (generator None)."""

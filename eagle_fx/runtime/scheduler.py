@@ -6,12 +6,12 @@ the model, so a model keeps no per-call state between or during calls.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from eagle_fx.multimodal import wave_inputs
-from eagle_fx.runtime.cycle import ActiveBatch, extend_draft, verify_chain, verify_tree
+from eagle_fx.runtime.cycle import ActiveBatch, Verified, extend_draft, verify_chain, verify_tree
 from eagle_fx.runtime.executor import WaveTables
 from eagle_fx.runtime.kv_cache import WaveBlocks, slot_mapping
 from eagle_fx.runtime.prefill import prefill
@@ -140,6 +140,17 @@ def run_wave(model, call: GenerateCall, wave: Wave) -> list[list[int]]:
         kv.release(wave.blocks)
 
 
+def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int) -> torch.Tensor:
+    """The block table of the wave's sequences `rows` for the next cycle: as many blocks as the
+    longest one's committed tokens (`longest`, known on the host) and one cycle's lookahead need,
+    rounded up to a power of two (few distinct widths), or the whole row with static buffers. The
+    decode-step attention reads every key of its table row, so a narrower table is less work."""
+    table = wave.blocks.block_table[rows]
+    if model.static_steps:
+        return table
+    return table[:, :model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)]
+
+
 def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     """Prefill, then speculative cycles until every sequence of the wave stops."""
     long = dict(dtype=torch.long, device=model.device)
@@ -155,7 +166,8 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
         return
     rows = torch.tensor(active, **long)
     committed_len = torch.tensor([len(wave.prompts[s]) for s in active], **long)
-    pending, block_table = first.pending[rows], wave.blocks.block_table[rows]
+    pending = first.pending[rows]
+    block_table = decode_table(model, wave, rows, max(len(wave.prompts[s]) for s in active))
     num_active = len(active)
     seq_index = torch.arange(num_active + 1, **long)
     if model.draft_offset:  # unshifted: the sampled token t_n enters the draft at position n with feature f_{n-1}
@@ -168,9 +180,18 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
         draft_logits, draft_hidden = first.draft_logits[rows], first.draft_hidden[rows]
     batch = ActiveBatch(active, rows, pending, committed_len, block_table, draft_logits, draft_hidden)
     verify = verify_chain if model.tree is None else verify_tree
+    cycle, pools = model.chain_cycle, {"base": model.kv_cache.pools(True), "draft": model.kv_cache.pools(False)}
     while batch.size:
-        proposal = model.proposer.propose(model, call, wave, batch)
-        verified = verify(model, call, wave, batch, proposal)
+        if cycle is not None:  # propose, verify, accept and extend as one function (one graph when compiled)
+            started = call.profiler.start()
+            accepted_t, next_t, drafts, extend_logits, extend_hidden, features = cycle(
+                call.sampler, pools, batch.pending, batch.committed_len, batch.block_table, batch.wave_rows,
+                batch.draft_logits, batch.draft_hidden)
+            call.profiler.stop("chain_cycle", started)
+            verified = Verified(accepted_t, next_t, drafts, features)
+        else:
+            proposal = model.proposer.propose(model, call, wave, batch)
+            verified = verify(model, call, wave, batch, proposal)
         # the one host read of the cycle: accepted counts, next tokens, committed lengths, drafts
         size, width = batch.size, verified.drafted.shape[1]
         host = torch.cat([verified.accepted, verified.next_token, batch.committed_len,
@@ -192,4 +213,12 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
                 wave.final_positions[s] = committed[row] + model.draft_offset
         if not keep:
             break
-        batch = extend_draft(model, call, wave, batch, verified, keep, sum(accepted[row] + 1 for row in keep))
+        if cycle is not None:  # the cycle extended every sequence already: keep the ones still decoding
+            kept = torch.tensor(keep, **long)
+            batch = replace(batch, seqs=[batch.seqs[row] for row in keep], wave_rows=batch.wave_rows[kept],
+                            pending=next_t[kept], committed_len=(batch.committed_len + accepted_t + 1)[kept],
+                            draft_logits=extend_logits[kept], draft_hidden=extend_hidden[kept])
+        else:
+            batch = extend_draft(model, call, wave, batch, verified, keep)
+        longest = max(committed[row] + accepted[row] + 1 for row in keep)
+        batch = replace(batch, block_table=decode_table(model, wave, batch.wave_rows, longest))

@@ -55,7 +55,9 @@ INPUTS: dict[str, InputRole] = {
 }
 
 # the graphs that read the base's layers (the rest are the draft's)
-BASE_GRAPHS = ("base", "verify_tree")
+BASE_GRAPHS = ("base", "verify", "verify_tree")
+# the graphs whose calls give every sequence the same number of rows (their attention is device-side)
+UNIFORM_GRAPHS = ("verify", "draft_extend", "draft_step", "verify_tree", "draft_tree_step")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,11 @@ class StepSignature:
         """torch.export dynamic shapes: every token, sequence, row and pool-size axis dynamic."""
         auto = torch.export.Dim.AUTO
         return {n: {axis: auto for axis in INPUTS[n].dynamic_axes()} for n in self.inputs}
+
+    @property
+    def uniform_rows(self) -> bool:
+        """Every sequence of a call has the same number of rows (the decode-step graphs)."""
+        return self.graph in UNIFORM_GRAPHS
 
     @property
     def is_base(self) -> bool:

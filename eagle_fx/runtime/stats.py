@@ -14,7 +14,7 @@ import torch
 
 # which phase each graph's time counts in (the draft prefill is also counted on its own)
 PHASE_OF_GRAPH = {"base": "prefill", "draft_prefill": "prefill", "draft_extend": "draft", "draft_step": "draft",
-                  "draft_tree_step": "draft", "verify": "verify", "verify_tree": "verify"}
+                  "draft_tree_step": "draft", "verify": "verify", "verify_tree": "verify", "chain_cycle": "cycle"}
 
 
 @dataclass
@@ -41,6 +41,7 @@ class SpecDecodeStats:
     time_draft_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
+    time_cycle_s: float = 0.0  # chain cycles run as one function: draft steps + verify + acceptance + extend
     graph_time_s: dict[str, float] = field(default_factory=dict)
     graph_calls: dict[str, int] = field(default_factory=dict)
 
@@ -85,13 +86,14 @@ class SpecDecodeStats:
                 setattr(self, f.name, mine + theirs)
 
     def profile(self) -> dict | None:
-        """Seconds in prefill, draft, verify, and everything else (host work: metadata, acceptance);
+        """Seconds in prefill, draft, verify, whole chain cycles (when a cycle runs as one function:
+        its draft, verify and acceptance are not split), and everything else (host work);
         None unless generate ran with profile=True."""
         if not self.profiled:
             return None
-        busy = self.time_prefill_s + self.time_draft_s + self.time_verify_s
+        busy = self.time_prefill_s + self.time_draft_s + self.time_verify_s + self.time_cycle_s
         return {"prefill": self.time_prefill_s, "draft": self.time_draft_s, "verify": self.time_verify_s,
-                "host": max(0.0, self.wall_time_s - busy)}
+                "cycle": self.time_cycle_s, "host": max(0.0, self.wall_time_s - busy)}
 
     def as_dict(self) -> dict:
         return {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle_fx.runtime.sampling import greedy, sample
+from eagle_fx.runtime.sampling import greedy, race_sample
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -25,20 +25,30 @@ def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tu
 
 def rejection_accept(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling along a chain (Leviathan et al.; Chen et al.).
+    """Speculative rejection sampling along a chain (Leviathan et al.; Chen et al.), with its random
+    draws taken from `generator`: see rejection_accept_drawn."""
+    B, k = draft_tokens.shape
+    uniforms = torch.rand(B, k, generator=generator, device=p.device)
+    noise = torch.empty(B, p.shape[-1], device=p.device).exponential_(generator=generator)
+    return rejection_accept_drawn(draft_tokens, q, p, uniforms, noise)
+
+
+def rejection_accept_drawn(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, uniforms: torch.Tensor,
+                           noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling along a chain, from drawn noise (no host read, no generator).
 
     draft_tokens [B, k] were sampled from q [B, k, V]; p [B, k+1, V] is the base's distribution at
-    the k+1 verified positions. d_j is accepted with probability min(1, p_j(d_j) / q_j(d_j)); at the
-    first rejection the next token is drawn from normalize(max(0, p_j - q_j)); when all k are
-    accepted, the bonus token is drawn from p_{k+1}. Returns (accepted [B], next token [B]); the
-    output is distributed exactly as sampling from p token by token.
+    the k+1 verified positions. d_j is accepted when uniforms[:, j] * q_j(d_j) <= p_j(d_j) (with
+    probability min(1, p_j(d_j) / q_j(d_j))); at the first rejection the next token is drawn from
+    normalize(max(0, p_j - q_j)); when all k are accepted, the bonus token is drawn from p_{k+1};
+    both draws are race_sample over noise [B, V] (Exp(1)). Returns (accepted [B], next token [B]);
+    the output is distributed exactly as sampling from p token by token.
     """
     B, k = draft_tokens.shape
     idx = draft_tokens[..., None]
     pd = p[:, :k].gather(-1, idx)[..., 0]
     qd = q.gather(-1, idx)[..., 0]
-    u = torch.rand(B, k, generator=generator, device=p.device)
-    ok = u * qd <= pd
+    ok = uniforms * qd <= pd
     accepted = ok.long().cumprod(dim=1).sum(dim=1)
     rows = torch.arange(B, device=p.device)
     p_j = p[rows, accepted]
@@ -46,7 +56,7 @@ def rejection_accept(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     resid = (p_j - q_j).clamp_min(0)
     empty = resid.sum(-1, keepdim=True) <= 0  # p_j == q_j: any rejection is impossible; keep p_j
     resid = torch.where(empty, p_j, resid)
-    return accepted, sample(resid / resid.sum(-1, keepdim=True), generator)
+    return accepted, race_sample(resid, noise)
 
 
 def accept_chain(sampler, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
@@ -83,38 +93,48 @@ def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tenso
 
 def sampled_walk(parents: torch.Tensor, tokens: torch.Tensor, p: torch.Tensor, depth: int,
                  generator: torch.Generator | None):
-    """Acceptance along trees under sampling. p [B, N+1, V]: the base's warped distribution at
-    [root, nodes]. Returns (accepted, next token, path) as greedy_walk."""
+    """Acceptance along trees under sampling (SpecInfer / EAGLE's multi-draft rejection): at each
+    node, its children are tried in candidate order; child x is accepted with probability
+    r(x) / sum(r), where r starts as the base's distribution there and every rejected child's token
+    is zeroed out of it; when no child is accepted (or at a leaf) the next token is drawn from what
+    is left of r. p [B, N+1, V]: the base's warped distribution at [root, nodes]. Returns
+    (accepted, next token, path) as greedy_walk. All sequences advance together, one child rank at
+    a time; the host reads one count per depth (the most children any current node has)."""
     B, N = parents.shape
-    par, tok = parents.tolist(), tokens.tolist()
-    accepted, bonus = [0] * B, [0] * B
-    path = torch.zeros(B, depth + 1, dtype=torch.long)
-    for b in range(B):
-        cur = 0
-        for j in range(1, depth + 2):
-            dist = p[b, cur].clone()
-            children = [i for i in range(N) if par[b][i] == cur - 1]
-            nxt = None
-            for i in children:
-                x = tok[b][i]
-                mass = float(dist.sum())
-                px = float(dist[x])
-                u = float(torch.rand((), generator=generator, device=p.device))
-                if mass > 0 and u * mass < px:
-                    nxt = i + 1
-                    break
-                dist[x] = 0  # rejected: x cannot be the next token; draw from what is left
-            if nxt is None or j > depth:
-                if float(dist.sum()) <= 0:  # every token with mass was a rejected child: cannot happen
-                    dist = p[b, cur].clone()
-                bonus[b] = int(torch.multinomial(dist / dist.sum(), 1, generator=generator))
-                path[b, j:] = cur
-                break
-            cur = nxt
-            accepted[b] += 1
-            path[b, j] = cur
-    dev = parents.device
-    return torch.tensor(accepted, device=dev), torch.tensor(bonus, device=dev), path.to(dev)
+    device = parents.device
+    rows = torch.arange(B, device=device)
+    cur = torch.zeros(B, dtype=torch.long, device=device)
+    accepted = torch.zeros(B, dtype=torch.long, device=device)
+    searching = torch.ones(B, dtype=torch.bool, device=device)  # still walking down
+    path = torch.zeros(B, depth + 1, dtype=torch.long, device=device)
+    residual = p[rows, cur].clone()
+    for j in range(1, depth + 1):
+        children = (parents == (cur - 1)[:, None]) & searching[:, None]  # [B, N], candidate order
+        rank = children.long().cumsum(1) - 1
+        found = torch.zeros(B, dtype=torch.bool, device=device)
+        child = torch.zeros(B, dtype=torch.long, device=device)
+        for r in range(int(children.sum(1).max())):
+            is_r = children & (rank == r)
+            has = is_r.any(1) & ~found
+            node = is_r.long().argmax(1)
+            x = tokens[rows, node]
+            mass = residual.sum(-1)
+            px = residual[rows, x]
+            u = torch.rand(B, generator=generator, device=device)
+            take = has & (mass > 0) & (u * mass < px)
+            child = torch.where(take, node + 1, child)
+            found |= take
+            reject = has & ~take
+            residual[rows[reject], x[reject]] = 0  # rejected: x cannot be the next token
+        accepted += found.long()
+        cur = torch.where(found, child, cur)
+        searching &= found
+        path[:, j] = cur
+        residual = torch.where(found[:, None], p[rows, cur], residual)  # a new node: its own distribution
+    empty = residual.sum(-1, keepdim=True) <= 0  # every token with mass was a rejected child: cannot happen
+    residual = torch.where(empty, p[rows, cur], residual)
+    bonus = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
+    return accepted, bonus, path
 
 
 def accept_tree(sampler, parents: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor, depth: int):

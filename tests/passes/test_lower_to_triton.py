@@ -15,14 +15,15 @@ from tests.passes.snapshot import op_counts
 E = "eagle_fx."
 
 
-def _inputs(gm, T=6, B=2, seed=0):
-    """Inputs for any step graph: two sequences of 4 and 2 tokens at positions 0.."""
+def _inputs(gm, T=6, B=2, seed=0, uniform=False):
+    """Inputs for any step graph: two sequences of 4 and 2 tokens (uniform: 3 and 3) at positions 0.."""
     g = torch.Generator().manual_seed(seed)
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    qsl = torch.tensor([0, 4, 6])
-    pos = torch.tensor([[0, 1, 2, 3, 0, 1]])
+    first = 3 if uniform else 4
+    qsl = torch.tensor([0, first, 6])
+    pos = torch.cat([torch.arange(first), torch.arange(6 - first)])[None]
     bt = torch.tensor([[0, 1], [2, 3]])
-    slots = torch.cat([bt[0, 0] * 4 + torch.arange(4), bt[1, 0] * 4 + torch.arange(2)])
+    slots = torch.cat([bt[0, 0] * 4 + torch.arange(first), bt[1, 0] * 4 + torch.arange(6 - first)])
     feat = next((n.meta["val"].shape[-1] for n in gm.graph.nodes if n.target == "features"), 64)
     kw = dict(input_ids=torch.randint(0, 96, (1, T), generator=g), positions=pos, logits_indices=qsl[1:] - 1,
               features=torch.randn(T, feat, generator=g), next_tokens=torch.zeros(B, dtype=torch.long),
@@ -49,7 +50,7 @@ def test_counts_numerics_idempotent(arch, method):
         assert res.num_matches == sum(c1[E + op + ".default"] for op in
                                       ("triton_cached_attention", "triton_rmsnorm", "triton_add_rmsnorm", "triton_swiglu",
                                        "triton_draft_input")) + (2 if method == "eagle3" and name != "base" else 0)
-        kw = _inputs(before)
+        kw = _inputs(before, uniform=name == "draft_step")  # a decode-step graph: the same rows per sequence
         pools = [new_kv_pool(L + 1, 5, 4, 2, 16, torch.float32, "cpu") for _ in range(2)]
         ref = before(**kw, kv_pool=pools[0])
         got = res.gm(**kw, kv_pool=pools[1])

@@ -13,10 +13,13 @@ def _rewrites(plan, base_layers=4):
 
 def test_default_plan():
     pipelines = build_pipelines(CapturePlan(), base_layers=4)
-    assert list(pipelines) == ["base", "draft_prefill", "draft_extend", "draft_step"]
+    assert list(pipelines) == ["base", "verify", "draft_prefill", "draft_extend", "draft_step"]
+    uniform = ("mark_uniform_queries",)
     assert {name: p.rewrites for name, p in pipelines.items()} == {
-        "base": CACHED, "draft_prefill": CACHED + ("drop_prefill_shift",), "draft_extend": CACHED, "draft_step": CACHED}
-    assert all(p.lowering == () and p.copy_of is None for p in pipelines.values())
+        "base": CACHED, "verify": uniform, "draft_prefill": CACHED + ("drop_prefill_shift",),
+        "draft_extend": CACHED + uniform, "draft_step": CACHED + uniform}
+    assert pipelines["verify"].copy_of == "base"  # the base graph, its attention marked uniform
+    assert all(p.lowering == () and p.copy_of is None for name, p in pipelines.items() if name != "verify")
     assert pipelines["base"].context.expected_attention_layers == 4 and pipelines["base"].context.pool_name == "kv_pool"
     for name in ("draft_prefill", "draft_extend", "draft_step"):
         ctx = pipelines[name].context
@@ -28,12 +31,14 @@ def test_default_plan():
 def test_every_choice():
     got = _rewrites(CapturePlan(prefill_shift=True, batch_invariant=True, draft_kv="pool"))
     assert got["base"] == CACHED + ("batch_invariant",)
-    assert got["draft_prefill"] == got["draft_step"] == CACHED + ("batch_invariant", "alias_draft_kv")
+    assert got["draft_prefill"] == CACHED + ("batch_invariant", "alias_draft_kv")
+    assert got["draft_step"] == CACHED + ("batch_invariant", "alias_draft_kv", "mark_uniform_queries")
 
     got = _rewrites(CapturePlan(batch_invariant=True, draft_kv="layer", kv_share_layer=2))
     assert got["draft_prefill"] == CACHED + ("drop_prefill_shift", "batch_invariant", "alias_draft_kv", "prune_draft_rows")
-    assert got["draft_extend"] == CACHED + ("batch_invariant", "alias_draft_kv", "prune_draft_rows")
-    assert got["draft_step"] == CACHED + ("batch_invariant", "alias_draft_kv")
+    assert got["draft_extend"] == CACHED + ("batch_invariant", "alias_draft_kv", "prune_draft_rows",
+                                            "mark_uniform_queries")
+    assert got["draft_step"] == CACHED + ("batch_invariant", "alias_draft_kv", "mark_uniform_queries")
     assert build_pipelines(CapturePlan(draft_kv="layer", kv_share_layer=2), 4)["draft_step"].context.kv_share_layer == 2
 
 

@@ -51,7 +51,8 @@ def run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend: st
               "eagle_fx": {**stats.as_dict(), "tokens_per_s": tokens_per_s, "setup_s": setup_s}}
     prof = stats.profile()
     print(f"eagle_fx: {tokens_per_s:.1f} tokens/s ({seconds:.1f}s; compile + warm-up {setup_s:.1f}s); time in prefill "
-          f"{prof['prefill']:.1f}s, draft {prof['draft']:.1f}s, verify {prof['verify']:.1f}s, host {prof['host']:.1f}s")
+          f"{prof['prefill']:.1f}s, draft {prof['draft']:.1f}s, verify {prof['verify']:.1f}s, whole cycles (draft + verify "
+          f"+ acceptance as one function) {prof['cycle']:.1f}s, host {prof['host']:.1f}s")
 
     if args.compare:
         result["compare"] = compare.run(args, base, tokenizer, prompts, sequences, seconds)

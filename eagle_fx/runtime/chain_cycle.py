@@ -1,0 +1,137 @@
+"""A chain's speculative cycle as one function: the k-1 draft steps, the verify, acceptance on the
+device (greedy, or rejection sampling from noise drawn before the call) and the padded draft
+extend over the k+1 verified positions.
+
+    accepted, next_token, drafts, draft_logits, draft_hidden, features = chain_cycle(...)
+
+Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
+inside reads a value on the host (the attention of these graphs is device-side, see
+passes/mark_uniform_queries.py). With backend="inductor" `ChainCycle` compiles it once with
+torch.compile (fullgraph, dynamic sizes): one graph per cycle, the same one for every batch size
+and context length. With "eager" it runs as plain Python over the step graphs. The host reads its
+outputs once per cycle (eagle_fx.runtime.scheduler).
+
+Sampling: the draft tokens and the resampled / bonus token are drawn by the exponential race
+(argmax p / E with E ~ Exp(1), a sample from p), and the acceptance test uses uniforms; both noise
+tensors come from the call's generator outside the graph, so the graph itself is deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from eagle_fx.runtime.sampling import greedy, race_sample, warp
+from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
+from eagle_fx.runtime.verifier import greedy_accept, rejection_accept_drawn
+
+
+@dataclass(frozen=True)
+class CycleSettings:
+    """What a compiled cycle is specialised on (one compiled variant per distinct value)."""
+
+    num_spec_tokens: int
+    draft_offset: int
+    block_size: int
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, pools: dict, pending: torch.Tensor,
+                committed_len: torch.Tensor, block_table: torch.Tensor, spec_rows: torch.Tensor,
+                draft_logits: torch.Tensor, draft_hidden: torch.Tensor, uniforms: torch.Tensor | None,
+                noise: torch.Tensor | None):
+    """One cycle for B sequences. pools: {"base": the base graphs' pools, "draft": the draft's}
+    (KVCache.pools). pending [B] (the last sampled token), committed_len [B],
+    block_table [B, blocks], spec_rows [B], draft_logits [B, Vd] / draft_hidden [B, H] (the draft's
+    last call); sampling: uniforms [B, k], noise [B, k+1, V] (None when greedy). Returns accepted
+    [B], next_token [B], drafts [B, k], the extend's draft_logits / draft_hidden, and the base's
+    features at the k+1 verified positions [B, k+1, F]."""
+    k, offset, block_size = settings.num_spec_tokens, settings.draft_offset, settings.block_size
+    is_greedy = settings.temperature == 0
+
+    def run(name: str, values: dict):
+        signature = signatures[name]
+        return graphs[name](**signature.select({**pools["base" if signature.is_base else "draft"], **values}))
+
+    def probs(logits):
+        return warp(logits, settings.temperature, settings.top_k, settings.top_p)
+
+    def pick(logits, j):
+        if is_greedy:
+            return spec.to_target(greedy(logits)), None
+        q = spec.to_target_probs(probs(logits))
+        return race_sample(q, noise[:, j]), q
+
+    token, q = pick(draft_logits, 0)
+    tokens, draft_probs, hidden = [token], [q], draft_hidden
+    for j in range(1, k):
+        position = committed_len - 1 + j + offset
+        logits, hidden = run("draft_step", draft_step_inputs(token, position, hidden, block_table, spec_rows,
+                                                             committed_len, block_size))
+        token, q = pick(logits, j)
+        tokens.append(token)
+        draft_probs.append(q)
+    drafts = torch.stack(tokens, dim=1)
+    num_seqs = drafts.shape[0]
+    logits, features = run("verify", verify_inputs(pending, drafts, committed_len, block_table, block_size))
+    if is_greedy:
+        accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
+    else:
+        accepted, next_token = rejection_accept_drawn(drafts, torch.stack(draft_probs, dim=1),
+                                                      probs(logits.view(num_seqs, k + 1, -1)), uniforms, noise[:, k])
+    features = features.view(num_seqs, k + 1, -1)
+    inputs, _ = extend_inputs(drafts, accepted, next_token, features, committed_len, block_table, spec_rows, offset,
+                              block_size)
+    draft_logits, draft_hidden = run("draft_extend", inputs)
+    return accepted, next_token, drafts, draft_logits, draft_hidden, features
+
+
+class ChainCycle:
+    """A model's chain cycle: plain Python over the step graphs, or (compile=True) one
+    torch.compile'd graph per sampling setting, dynamic in batch size and block-table width.
+
+    A compiled cycle runs at least 2 sequences and 2 blocks of table (a 1 would be a size
+    torch.compile specialises on, and a second compile): a single sequence is run twice (the same
+    row twice: the same K/V written to the same slots) and half of the result kept."""
+
+    def __init__(self, graphs: dict, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
+                 block_size: int, compile: bool):
+        self.graphs, self.signatures, self.spec, self.compile = graphs, signatures, spec, compile
+        self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
+        self._fns: dict[CycleSettings, object] = {}
+        self.min_rows = 2 if compile else 1
+
+    def _fn(self, settings: CycleSettings):
+        fn = self._fns.get(settings)
+        if fn is None:
+            fn = partial(chain_cycle, self.graphs, self.signatures, self.spec, settings)
+            if self.compile:
+                fn = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
+            self._fns[settings] = fn
+        return fn
+
+    def __call__(self, sampler, pools: dict, pending, committed_len, block_table, spec_rows, draft_logits,
+                 draft_hidden):
+        settings = self.base_settings
+        if not sampler.is_greedy:
+            settings = CycleSettings(settings.num_spec_tokens, settings.draft_offset, settings.block_size,
+                                     sampler.temperature, sampler.top_k, sampler.top_p)
+        num_seqs, k = pending.shape[0], settings.num_spec_tokens
+        uniforms = noise = None
+        if not sampler.is_greedy:
+            uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=pending.device)
+            noise = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=pending.device).exponential_(
+                generator=sampler.generator)
+        padded = num_seqs < self.min_rows
+        if padded:  # the same sequence twice, with the same noise: it computes and writes the same
+            again = torch.zeros(self.min_rows, dtype=torch.long, device=pending.device)
+            pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden = (
+                t[again] for t in (pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden))
+            if noise is not None:
+                uniforms, noise = uniforms[again], noise[again]
+        out = self._fn(settings)(pools, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden,
+                                 uniforms, noise)
+        return tuple(t[:num_seqs] for t in out) if padded else out
