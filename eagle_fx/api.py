@@ -12,6 +12,7 @@ from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_visi
 from eagle_fx.options import Options
 from eagle_fx.pipeline import CapturePlan
 from eagle_fx.runtime import PairSpec, SpeculativeModel
+from eagle_fx.runtime.compiled import compile_dynamic
 
 log = logging.getLogger("eagle_fx")
 
@@ -79,8 +80,7 @@ def _can_alias_kv(base, draft, options: Options) -> bool:
 def _backend(gm, backend: str):
     """The step graph as a callable for `backend`; always run without autograd (inference only).
     "triton": the lowered graph runs as is (its kernels are the Triton ops)."""
-    fn = torch.compile(gm, backend="inductor", dynamic=True) if backend == "inductor" else gm
-    return torch.no_grad()(fn)
+    return compile_dynamic(gm) if backend == "inductor" else torch.no_grad()(gm)
 
 
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001

@@ -22,6 +22,7 @@ from functools import partial
 
 import torch
 
+from eagle_fx.runtime.compiled import compile_dynamic
 from eagle_fx.runtime.sampling import greedy, race_sample, warp
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept_drawn
@@ -109,7 +110,7 @@ class ChainCycle:
         if fn is None:
             fn = partial(chain_cycle, self.graphs, self.signatures, self.spec, settings)
             if self.compile:
-                fn = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=True)
+                fn = compile_dynamic(fn, fullgraph=True)
             self._fns[settings] = fn
         return fn
 
@@ -126,12 +127,15 @@ class ChainCycle:
             noise = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=pending.device).exponential_(
                 generator=sampler.generator)
         padded = num_seqs < self.min_rows
+        if self.compile and block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
+            block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
         if padded:  # the same sequence twice, with the same noise: it computes and writes the same
             again = torch.zeros(self.min_rows, dtype=torch.long, device=pending.device)
             pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden = (
                 t[again] for t in (pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden))
             if noise is not None:
                 uniforms, noise = uniforms[again], noise[again]
-        out = self._fn(settings)(pools, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden,
-                                 uniforms, noise)
+        with torch.no_grad():
+            out = self._fn(settings)(pools, pending, committed_len, block_table, spec_rows, draft_logits,
+                                     draft_hidden, uniforms, noise)
         return tuple(t[:num_seqs] for t in out) if padded else out

@@ -188,10 +188,9 @@ class KVCache:
         return self.draft_pool[self.draft_layer]
 
     def table_width(self, positions: int) -> int:
-        """Blocks a block table needs to cover `positions` positions, rounded up to a power of two
-        and capped at a sequence's whole row."""
-        need = -(-positions // self.block_size)
-        return min(1 << max(need - 1, 0).bit_length(), self.blocks_per_seq)
+        """Blocks a block table needs to cover `positions` positions (the decode-step graphs take
+        any width: their sizes are dynamic), capped at a sequence's whole row."""
+        return min(-(-positions // self.block_size), self.blocks_per_seq)
 
     def admit(self, keys: list[list[int]], prompt_lens: list[int], max_new: int, lookahead: int, caching: bool,
               prefill_shift: bool) -> WaveBlocks:

@@ -143,12 +143,13 @@ def run_wave(model, call: GenerateCall, wave: Wave) -> list[list[int]]:
 def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int) -> torch.Tensor:
     """The block table of the wave's sequences `rows` for the next cycle: as many blocks as the
     longest one's committed tokens (`longest`, known on the host) and one cycle's lookahead need,
-    rounded up to a power of two (few distinct widths), or the whole row with static buffers. The
-    decode-step attention reads every key of its table row, so a narrower table is less work."""
+    or the whole row with static buffers. The decode-step attention reads every key of its table
+    row, so a narrower table is less work; its width is a dynamic size of the compiled graphs."""
     table = wave.blocks.block_table[rows]
     if model.static_steps:
         return table
-    return table[:, :model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)]
+    width = model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
+    return table[:, :width].clone(memory_format=torch.contiguous_format)  # standard strides: no stride guard
 
 
 def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
