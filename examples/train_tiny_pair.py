@@ -2,6 +2,8 @@
 and a small plain causal LM to serve as Hugging Face's `assistant_model`.
 
     python examples/train_tiny_pair.py --out models/tiny-sharegpt
+    python examples/train_tiny_pair.py --out models/tiny-sharegpt-deep --base-layers 16 \
+        --tokenizer-from models/tiny-sharegpt/base --no-assistant --methods eagle
 
 Writes (fp16 safetensors, configs, tokenizer):
     OUT/base        LlamaForCausalLM + tokenizer (the bench's --model-dir)
@@ -110,6 +112,10 @@ def main(argv=None):
     ap.add_argument("--assistant-steps", type=int, default=1200)
     ap.add_argument("--assistant-minutes", type=float, default=3.0)
     ap.add_argument("--only", choices=["all", "drafts"], default="all", help="'drafts': reuse OUT/base, retrain drafts")
+    ap.add_argument("--base-layers", type=int, default=4, help="decoder layers of the base (hidden 256 either way)")
+    ap.add_argument("--tokenizer-from", default=None, metavar="DIR",
+                    help="reuse DIR's tokenizer instead of training one (a pair sharing another pair's vocabulary)")
+    ap.add_argument("--no-assistant", action="store_true", help="skip the HF assistant model")
     ap.add_argument("--methods", default="eagle,eagle3", help="drafts to train (comma-separated)")
     ap.add_argument("--kv-share", type=int, default=None, metavar="LAYER",
                     help="train KV-sharing drafts reading base layer LAYER's K/V, written to OUT/<method>-kvshare")
@@ -125,11 +131,13 @@ def main(argv=None):
     random.Random(0).shuffle(train)
     report["conversations"] = {"complete": len(convs), "train": len(train), "held_out": len(held)}
 
-    if args.only == "all":
+    if args.only == "all" and args.tokenizer_from is None:
         t = time.monotonic()
         texts = (render(None, c["turns"]) for c in train[:4000])
         tokenizer = train_tokenizer(texts, args.vocab_size)
         report["tokenizer_s"] = round(time.monotonic() - t, 1)
+    elif args.tokenizer_from is not None:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.tokenizer_from)
     else:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(out / "base")
     rows = pack_tokens(tokenizer, train, args.seq_len, max_tokens=args.train_tokens)
@@ -138,12 +146,13 @@ def main(argv=None):
 
     if args.only == "all":
         t = time.monotonic()
-        base = LlamaForCausalLM(lm_config(len(tokenizer), 256, 4, 4, 2, 704, 2048))
+        base = LlamaForCausalLM(lm_config(len(tokenizer), 256, args.base_layers, 4, 2, 704, 2048))
         base, steps = train_lm(base, rows, args.base_steps, 16, 3e-3, args.base_minutes, "train base")
         report["base"] = {"params": sum(p.numel() for p in base.parameters()), "steps": steps, "batch": 16,
                           "train_s": round(time.monotonic() - t, 1), "held_out_ppl": round(perplexity(base, held_rows), 2)}
         save_lm(base, tokenizer, out / "base")
 
+    if args.only == "all" and not args.no_assistant:
         t = time.monotonic()
         asst = LlamaForCausalLM(lm_config(len(tokenizer), 128, 2, 2, 1, 352, 2048))
         asst, steps = train_lm(asst, rows, args.assistant_steps, 16, 3e-3, args.assistant_minutes, "train assistant", seed=1)

@@ -4,7 +4,8 @@
 step graph, in which order, with which PassContext. `fx_graph` holds FX helpers the passes share.
 """
 from . import (alias_draft_kv, batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache,
-               insert_tree_mask, lower_to_triton, mark_uniform_queries, prune_draft_rows)
+               inline_uniform_attention, insert_tree_mask, lower_to_triton, mark_uniform_queries,
+               prune_draft_rows)
 from .result import PassContext, PassResult
 
 PASSES = {
@@ -17,8 +18,9 @@ PASSES = {
     "lower_to_triton": lower_to_triton.run,
     "insert_tree_mask": insert_tree_mask.run,
     "mark_uniform_queries": mark_uniform_queries.run,
+    "inline_uniform_attention": inline_uniform_attention.run,
 }
 
 __all__ = ["PASSES", "PassContext", "PassResult", "alias_draft_kv", "batch_invariant", "canonicalize_attention",
-           "drop_prefill_shift", "insert_kv_cache", "insert_tree_mask", "lower_to_triton",
+           "drop_prefill_shift", "inline_uniform_attention", "insert_kv_cache", "insert_tree_mask", "lower_to_triton",
            "mark_uniform_queries", "prune_draft_rows"]

@@ -121,8 +121,9 @@ def _uniform_sdpa(q: Tensor, kv: Tensor, mask: Tensor, scale: float) -> Tensor:
     per_seq = total // num_seqs
     qs = q[0].reshape(heads, num_seqs, per_seq, d).transpose(0, 1)  # [B, H, P, D]
     keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, KVH, S, D]
-    out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask[:, None], scale=scale,
-                                         enable_gqa=keys.shape[1] != heads)
+    # enable_gqa=True also for equal head counts (groups of one): a constant, where the comparison
+    # of two sizes would be symbolic in a compiled graph
+    out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask[:, None], scale=scale, enable_gqa=True)
     return out.transpose(0, 1).reshape(1, heads, total, d)
 
 

@@ -22,6 +22,8 @@ from functools import partial
 
 import torch
 
+from eagle_fx.passes import inline_uniform_attention
+from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.runtime.compiled import compile_dynamic
 from eagle_fx.runtime.sampling import greedy, race_sample, warp
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
@@ -100,6 +102,8 @@ class ChainCycle:
 
     def __init__(self, graphs: dict, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
                  block_size: int, compile: bool):
+        if compile:  # the device-side attention traced into the one compiled graph (not opaque ops)
+            graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec, self.compile = graphs, signatures, spec, compile
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
         self._fns: dict[CycleSettings, object] = {}

@@ -1,9 +1,12 @@
-"""torch.compile for the runtime's graphs: sizes dynamic, no duck shaping.
+"""torch.compile for the runtime's graphs: sizes dynamic, no duck shaping, no 0/1 specialisation.
 
 Dynamic sizes that happen to be equal when a graph is first traced (a batch of 2 and a block
 table 2 blocks wide, or a table as wide as the pool has blocks) would otherwise be assumed equal
-forever (torch's "duck shaping"), and the first call where they differ would recompile. Every
-call, not only the first, runs with duck shaping off, since a recompile traces again.
+forever (torch's "duck shaping"), and a size seen as 1 (one sequence, one token) would be
+specialised; the first call where either differs would recompile. Sizes are size-oblivious
+instead, as in eagle_fx.export (the captured step graphs run at any size >= 1), so one compile
+serves every batch, token count and table width. Every call, not only the first, runs with these
+settings, since a recompile traces again.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def compile_dynamic(fn, fullgraph: bool = False):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        with torch.no_grad(), fx_config.patch(use_duck_shape=False):
+        with torch.no_grad(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True):
             return compiled(*args, **kwargs)
 
     return call
