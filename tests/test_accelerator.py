@@ -60,3 +60,42 @@ def test_triton_backend_with_cuda_graphs_matches_hf(arch, method):
     finally:
         base.to("cpu"), draft.to("cpu")
     assert out.sequences == hf_greedy(arch, prompts, 16)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_one_function_cycle_on_device_has_no_host_syncs(backend):
+    """The chain cycle as one function (compiled as one graph with inductor) on the device: HF
+    greedy's tokens, torch.profiler finds no host sync op inside any cycle, and on CUDA every
+    cycle runs with torch.cuda.set_sync_debug_mode("error"), under which any synchronising call
+    (a .tolist(), .item(), a copy to the host) raises."""
+    from test_chain_cycle import Labelled, _syncs_inside
+
+    base, draft = tiny_base("llama").to(ACCEL), tiny_draft("llama", "eagle").to(ACCEL)
+    try:
+        model = eagle_fx.compile(base, draft, backend=backend, max_batch_size=3, max_seq_len=64)
+        assert model.chain_cycle is not None
+        cycle = model.chain_cycle
+        if ACCEL.type == "cuda":
+            cycle = SyncsRaise(cycle)
+        model.chain_cycle = Labelled("eagle_fx_chain_cycle", cycle)
+        prompts = make_prompts(3)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = model.generate(prompts, max_new_tokens=16)
+    finally:
+        base.to("cpu"), draft.to("cpu")
+    assert _syncs_inside(prof, "eagle_fx_chain_cycle") == []
+    assert out.sequences == hf_greedy("llama", prompts, 16)
+
+
+class SyncsRaise:
+    """Runs a callable with CUDA's sync debug mode set to "error" (a synchronising call raises)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
