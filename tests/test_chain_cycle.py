@@ -85,7 +85,7 @@ def _cycle_inputs(model, num_seqs=2):
     long = dict(dtype=torch.long)
     table = torch.arange(num_seqs * kv.blocks_per_seq, **long).view(num_seqs, -1)[:, :2]
     draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
-    return ({"base": kv.pools(True), "draft": kv.pools(False)}, torch.tensor([3, 5])[:num_seqs],
+    return (kv.pools_by_side(), torch.tensor([3, 5])[:num_seqs],
             torch.tensor([4, 7])[:num_seqs], table, torch.arange(num_seqs, **long),
             torch.randn(num_seqs, draft_vocab), torch.randn(num_seqs, spec.draft_hidden_size))
 

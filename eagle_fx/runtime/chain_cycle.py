@@ -47,7 +47,7 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
                 draft_logits: torch.Tensor, draft_hidden: torch.Tensor, uniforms: torch.Tensor | None,
                 noise: torch.Tensor | None):
     """One cycle for B sequences. pools: {"base": the base graphs' pools, "draft": the draft's}
-    (KVCache.pools). pending [B] (the last sampled token), committed_len [B],
+    (KVCache.pools_by_side). pending [B] (the last sampled token), committed_len [B],
     block_table [B, blocks], spec_rows [B], draft_logits [B, Vd] / draft_hidden [B, H] (the draft's
     last call); sampling: uniforms [B, k], noise [B, k+1, V] (None when greedy). Returns accepted
     [B], next_token [B], drafts [B, k], the extend's draft_logits / draft_hidden, and the base's

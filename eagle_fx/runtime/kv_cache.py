@@ -181,6 +181,10 @@ class KVCache:
             return {"kv_pool": self.base_pool}
         return {"kv_pool": self.draft_pool, "draft_kv_pool": self.draft_pool, "spec_kv": self.spec_kv}
 
+    def pools_by_side(self) -> dict:
+        """{"base": the base graphs' pool inputs, "draft": the draft graphs'} (a chain cycle calls both)."""
+        return {"base": self.pools(True), "draft": self.pools(False)}
+
     @property
     def draft_kv(self) -> torch.Tensor:
         """The K/V the draft attends to for cached positions: [2, blocks, block_size, kv_heads, head_dim]
@@ -190,7 +194,7 @@ class KVCache:
     def table_width(self, positions: int) -> int:
         """Blocks a block table needs to cover `positions` positions (the decode-step graphs take
         any width: their sizes are dynamic), capped at a sequence's whole row."""
-        return min(-(-positions // self.block_size), self.blocks_per_seq)
+        return min(self.allocator.blocks_for(positions), self.blocks_per_seq)
 
     def admit(self, keys: list[list[int]], prompt_lens: list[int], max_new: int, lookahead: int, caching: bool,
               prefill_shift: bool) -> WaveBlocks:

@@ -201,7 +201,7 @@ class SpeculativeModel:
             kv, spec = scratch.kv_cache, self.spec
             draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
             table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:, :2] % kv.num_blocks
-            scratch.chain_cycle(Sampler(), {"base": kv.pools(True), "draft": kv.pools(False)},
+            scratch.chain_cycle(Sampler(), kv.pools_by_side(),
                                 torch.zeros(2, **long), torch.ones(2, **long), table, torch.zeros(2, **long),
                                 torch.zeros(2, draft_vocab, device=self.device, dtype=self.dtype),
                                 torch.zeros(2, spec.draft_hidden_size, device=self.device, dtype=self.dtype))

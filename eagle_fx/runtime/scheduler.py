@@ -181,7 +181,7 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
         draft_logits, draft_hidden = first.draft_logits[rows], first.draft_hidden[rows]
     batch = ActiveBatch(active, rows, pending, committed_len, block_table, draft_logits, draft_hidden)
     verify = verify_chain if model.tree is None else verify_tree
-    cycle, pools = model.chain_cycle, {"base": model.kv_cache.pools(True), "draft": model.kv_cache.pools(False)}
+    cycle, pools = model.chain_cycle, model.kv_cache.pools_by_side()
     while batch.size:
         if cycle is not None:  # propose, verify, accept and extend as one function (one graph when compiled)
             started = call.profiler.start()
