@@ -163,19 +163,36 @@ def step_exports(base: nn.Module, draft: nn.Module, plan: CapturePlan) -> dict[s
     return exports
 
 
-def capture(base: nn.Module, draft: nn.Module, plan: CapturePlan = CapturePlan()) -> StepGraphs:
-    """Export the step graphs of `base` + `draft` and run the passes `plan` asks for on each
-    (eagle_fx.pipeline has the table): first every graph's rewrites, in table order (a copy starts
-    from its source's rewritten graph), then every graph's lowering."""
+class ExportedStep(NamedTuple):
+    """One exported step graph, before any pass, and the module it was exported from."""
+
+    graph: GraphModule
+    module: nn.Module
+
+
+def export_steps(base: nn.Module, draft: nn.Module, plan: CapturePlan = CapturePlan()) -> dict[str, ExportedStep]:
+    """torch.export each step function of `base` + `draft` (most of a capture's time). The result
+    depends on the pair and on plan.vision_language / plan.mrope only, and capture never changes
+    it (passes run on copies), so one export can serve several plans."""
+    return {name: ExportedStep(export_graph(*export), export.module)
+            for name, export in step_exports(base, draft, plan).items()}
+
+
+def capture(base: nn.Module, draft: nn.Module, plan: CapturePlan = CapturePlan(),
+            exported: dict[str, ExportedStep] | None = None) -> StepGraphs:
+    """Export the step graphs of `base` + `draft` (or take them from `exported`, an export_steps
+    result for this pair) and run the passes `plan` asks for on each (eagle_fx.pipeline has the
+    table): first every graph's rewrites, in table order (a copy starts from its source's
+    rewritten graph), then every graph's lowering."""
     pipelines = build_pipelines(plan, base_layers=base.config.get_text_config().num_hidden_layers)
-    exports = step_exports(base, draft, plan)
+    if exported is None:
+        exported = export_steps(base, draft, plan)
     pass_log: list[str] = []
     contexts, graphs = {}, {}
     for name, pipeline in pipelines.items():
         if pipeline.copy_of is None:
-            export = exports[name]
-            gm = export_graph(export.module, export.args, export.dynamic_shapes)
-            contexts[name] = replace(pipeline.context, root=export.module)
+            gm = copy_graph_module(exported[name].graph)
+            contexts[name] = replace(pipeline.context, root=exported[name].module)
         else:
             gm = copy_graph_module(graphs[pipeline.copy_of])
             contexts[name] = pipeline.context

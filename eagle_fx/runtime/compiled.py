@@ -7,12 +7,17 @@ specialised; the first call where either differs would recompile. Sizes are size
 instead, as in eagle_fx.export (the captured step graphs run at any size >= 1), so one compile
 serves every batch, token count and table width. Every call, not only the first, runs with these
 settings, since a recompile traces again.
+
+Python floats (a sampler's temperature, top_p) are specialised from the start: traced as symbolic
+floats they make inductor restart the whole trace once to specialise them anyway (about 7 s of a
+cold compile of the chain cycle on a 2-core CPU).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+from torch._dynamo import config as dynamo_config
 from torch.fx.experimental import _config as fx_config
 
 
@@ -22,7 +27,8 @@ def compile_dynamic(fn, fullgraph: bool = False):
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        with torch.no_grad(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True):
+        with (torch.no_grad(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True),
+              dynamo_config.patch(specialize_float=True)):
             return compiled(*args, **kwargs)
 
     return call
