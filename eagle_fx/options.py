@@ -12,7 +12,7 @@ BACKENDS = ("eager", "inductor", "triton", "tensorrt")
 
 @dataclass(frozen=True)
 class Options:
-    num_spec_tokens: int = 3
+    num_spec_tokens: int = 3  # 0: no speculation, the base decodes alone on the same graphs (a baseline)
     prefill_shift: bool = False
     backend: str = "eager"
     max_batch_size: int = 8
@@ -33,7 +33,10 @@ class Options:
     draft_tree: DraftTree | dict | None = None
 
     def __post_init__(self):
-        for name in ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size"):
+        k = self.num_spec_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"num_spec_tokens must be an int >= 0 (0: the base alone, no speculation), got {k!r}")
+        for name in ("max_batch_size", "max_seq_len", "block_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")

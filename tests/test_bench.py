@@ -151,3 +151,31 @@ def test_generate_cli_with_a_tree(capsys):
     assert texts[0] == texts[1] and texts[0].strip()
     with pytest.raises(SystemExit, match="eagle-fx generate: --draft-tree takes"):
         cli_main(["generate", "x", "--draft-tree", "2,3"])
+
+
+def test_throughput_rows_equal_hf_greedy():
+    """The throughput mode's runners at batch 3: HF over a left-padded batch (eos off), eagle_fx
+    without speculation and eagle_fx with k=3 each give every prompt exactly output_len tokens, equal
+    to HF greedy on that prompt alone (the oracle; fp32)."""
+    import eagle_fx
+    from eagle_fx.bench.hf_baselines import hf_batched_greedy
+    from eagle_fx.bench.modes.throughput import eagle_fx_batches
+
+    tok, base = _pair()
+    prompts = [p[:24] for p in _prompts(3)]
+    with torch.no_grad():
+        alone = [base.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                               pad_token_id=tok.pad_token_id)[0, len(p):].tolist() for p in prompts]
+    assert len({len(p) for p in prompts}) > 1  # a ragged batch: HF pads it
+    model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / "eagle", base), max_batch_size=3, max_seq_len=64)
+    runners = {"hf": hf_batched_greedy(base, tok.pad_token_id, 10), "k0": eagle_fx_batches(model, 3, 0, 10),
+               "k3": eagle_fx_batches(model, 3, 3, 10)}
+    for name, run in runners.items():
+        assert run(prompts) == alone, name
+
+
+def test_bench_throughput_arguments_are_checked():
+    with pytest.raises(SystemExit, match="--throughput-batch-sizes takes positive batch sizes like 1,4,16"):
+        bench_main(["--throughput-batch-sizes", "1,x"])
+    with pytest.raises(SystemExit, match="--throughput-batch-sizes is a mode of its own .*drop --compare"):
+        bench_main(["--throughput-batch-sizes", "1,4", "--compare"])

@@ -136,6 +136,28 @@ def test_model_usable_after_pool_exhausted():
     assert model.kv_cache.allocator.num_free == 1
 
 
+@pytest.mark.parametrize("arch,method,chunk", [("llama", "eagle", None), ("qwen3", "eagle3", 4)])
+def test_without_speculation_matches_hf(arch, method, chunk):
+    """num_spec_tokens=0: the base alone on the same graphs (the bench's plain-decode baseline):
+    HF greedy, one token per cycle, and no draft graph is ever called."""
+    model = compiled(arch, method).replace(num_spec_tokens=0, max_batch_size=2, prefill_chunk_size=chunk)
+    called = []
+    model.executor.add_observer(lambda graph, inputs, out: called.append(graph))
+    prompts = make_prompts(3, lengths=(5, 12, 1))
+    out = model.generate(prompts, max_new_tokens=10)
+    assert out.sequences == hf_greedy(arch, prompts, 10)
+    assert out.stats.num_draft_tokens == 0 and out.stats.num_drafts == 3 * 9  # 9 cycles after each prefill token
+    assert called and not [graph for graph in called if graph.startswith("draft")]
+
+
+def test_without_speculation_refused_where_it_cannot_run():
+    model = compiled("llama", "eagle")
+    with pytest.raises(ValueError, match="num_spec_tokens=0 .* not with draft_tree"):
+        model.replace(num_spec_tokens=0, proposer=ChainProposer(lambda contexts, j, tokens: tokens))
+    with pytest.raises(ValueError, match="num_spec_tokens must be an int >= 0"):
+        model.replace(num_spec_tokens=-1)
+
+
 def test_two_threads_on_one_model_both_get_hf_greedy():
     """generate holds no per-call state on the model: two threads on one model both decode right
     (the second waits for the first: the KV pools are the model's)."""

@@ -78,3 +78,16 @@ def test_first_three_tokens_follow_the_base(base, method, temperature, top_p, tr
     assert 0 < st.num_accepted_tokens < st.num_draft_tokens  # both the accept and the reject paths ran
     p_value = chi_square_p(counts, expected)
     assert p_value > 1e-3, f"chi-square p = {p_value:.2e}"
+
+
+def test_without_speculation_follows_the_base(base):
+    """num_spec_tokens=0 (the base alone on eagle_fx's graphs, the bench's plain-decode baseline)
+    samples from the same warped distribution; no draft token is ever proposed."""
+    model = eagle_fx.compile(base, new_draft(base, "eagle", seed=11), num_spec_tokens=0, max_batch_size=1000,
+                             max_seq_len=8)
+    out = model.generate([PROMPT] * N, max_new_tokens=3, eos_token_id=None, temperature=0.7, top_p=0.9, seed=99)
+    seqs = torch.tensor(out.sequences)
+    counts = torch.bincount(seqs[:, 0] * V * V + seqs[:, 1] * V + seqs[:, 2], minlength=V ** 3).double()
+    assert out.stats.num_draft_tokens == 0 and out.stats.mean_acceptance_length == 1.0
+    p_value = chi_square_p(counts, exact_joint(base, 0.7, 0.9).reshape(-1).double() * N)
+    assert p_value > 1e-3, f"chi-square p = {p_value:.2e}"

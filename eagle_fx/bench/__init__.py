@@ -6,7 +6,8 @@ run and one prompt at a time: Hugging Face greedy `generate`, HF static cache + 
 HF assisted generation with the bundled assistant, and eagle_fx: tokens/s, speedup over HF
 greedy, and whether each one's output equals HF greedy on every prompt. `--draft-tree` runs
 EAGLE-2 dynamic trees instead of a chain; `--tree-vs-chain` measures a tree against chains at
-equal verify width and at equal depth, side by side in one run.
+equal verify width and at equal depth, side by side in one run. `--throughput-batch-sizes 1,4,16`
+measures tokens/s at each batch size against HF's padded batches.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 import torch
 
 from eagle_fx.bench.args import add_args, check_args
-from eagle_fx.bench.modes import kv_share, main as main_mode, multiturn, random_mm, shift_table, tree_vs_chain
+from eagle_fx.bench.modes import (kv_share, main as main_mode, multiturn, random_mm, shift_table, throughput,
+                                  tree_vs_chain)
 from eagle_fx.bench.prompts import load_prompts
 from eagle_fx.bundled import BUNDLED, load_pair, pair_dirs
 
@@ -46,6 +48,8 @@ def run(args) -> dict:
             result = kv_share.run(args, base, draft, prompts, eos, backend)
         elif args.tree_vs_chain:
             result = tree_vs_chain.run(args, base, draft, prompts, eos, backend)
+        elif args.throughput_batch_sizes:
+            result = throughput.run(args, base, draft, tokenizer, prompts, backend)
         else:
             result = main_mode.run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend)
     result = {"config": dict(vars(args)), **result}

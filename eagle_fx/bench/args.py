@@ -45,6 +45,10 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--tree-vs-chain", action="store_true",
                     help="with --draft-tree: the tree vs a chain of k=TOTAL (equal verify width) and of k=DEPTH "
                          "(equal depth), interleaved per batch in one run: mean acceptance length, tokens/s")
+    ap.add_argument("--throughput-batch-sizes", default=None, metavar="B1,B2,...",
+                    help="tokens/s at each batch size (e.g. 1,4,16): HF generate over padded batches, HF static cache "
+                         "+ torch.compile, eagle_fx without speculation (k=0) and eagle_fx, same prompts, eos off "
+                         "(every prompt gets exactly --output-len tokens)")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
@@ -77,6 +81,23 @@ def check_args(args) -> None:
             raise SystemExit(f"eagle-fx bench: --draft-tree runs the main bench or --tree-vs-chain; {other[0]} measures chains")
     elif args.tree_vs_chain:
         raise SystemExit("eagle-fx bench: --tree-vs-chain needs --draft-tree TOPK,DEPTH,TOTAL")
+    if args.throughput_batch_sizes is not None:
+        try:
+            sizes = [int(b) for b in str(args.throughput_batch_sizes).split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            raise SystemExit(f"eagle-fx bench: --throughput-batch-sizes takes positive batch sizes like 1,4,16, "
+                             f"got {args.throughput_batch_sizes!r}")
+        other = [flag for flag, on in (("--draft-tree", args.draft_tree is not None), ("--compare", args.compare),
+                                       ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
+                                       ("--temp", args.temp > 0),
+                                       ("--dataset-name " + args.dataset_name,
+                                        args.dataset_name in ("sharegpt-multiturn", "random-mm"))) if on]
+        if other:
+            raise SystemExit(f"eagle-fx bench: --throughput-batch-sizes is a mode of its own (greedy chains); "
+                             f"drop {other[0]}")
+        args.throughput_batch_sizes = sizes
     if args.model_dir is None and not (BUNDLED / "base").exists():
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
 

@@ -51,7 +51,8 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
     block_table [B, blocks], spec_rows [B], draft_logits [B, Vd] / draft_hidden [B, H] (the draft's
     last call); sampling: uniforms [B, k], noise [B, k+1, V] (None when greedy). Returns accepted
     [B], next_token [B], drafts [B, k], the extend's draft_logits / draft_hidden, and the base's
-    features at the k+1 verified positions [B, k+1, F]."""
+    features at the k+1 verified positions [B, k+1, F]. k = 0 is plain decoding: the verify of the
+    pending token alone, no draft (draft_logits / draft_hidden pass through)."""
     k, offset, block_size = settings.num_spec_tokens, settings.draft_offset, settings.block_size
     is_greedy = settings.temperature == 0
 
@@ -68,6 +69,12 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
         q = spec.to_target_probs(probs(logits))
         return race_sample(q, noise[:, j]), q
 
+    if k == 0:  # num_spec_tokens=0: the base alone, one token per cycle; the draft does not run
+        logits, features = run("verify", verify_inputs(pending, pending[:, None][:, :0], committed_len, block_table,
+                                                       block_size))
+        next_token = greedy(logits) if is_greedy else race_sample(probs(logits), noise[:, 0])
+        return (torch.zeros_like(pending), next_token, pending[:, None][:, :0], draft_logits, draft_hidden,
+                features[:, None])
     token, q = pick(draft_logits, 0)
     tokens, draft_probs, hidden = [token], [q], draft_hidden
     for j in range(1, k):

@@ -68,6 +68,11 @@ class SpeculativeModel:
         # chain cycles (compiled ones included) are shared with every model replace() makes from this one
         self._chain_cycles = chain_cycles if chain_cycles is not None else {}
         self.chain_cycle = self._make_chain_cycle()
+        self.speculates = options.num_spec_tokens > 0
+        if not self.speculates and self.chain_cycle is None:
+            raise ValueError("num_spec_tokens=0 (the base alone) runs on the one-function chain cycle, which this model "
+                             "does not use: not with draft_tree, static_steps / backend='triton', a vision-language "
+                             "pair or a proposer with an override hook")
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
         self._lock_owner: int | None = None
 
@@ -192,6 +197,8 @@ class SpeculativeModel:
             for name in self.callables:
                 if compiled_cycle and name in ("draft_step", "verify"):
                     continue  # they run inside the compiled cycle (compiled on their own when first called)
+                if not self.speculates and not self.signatures[name].is_base:
+                    continue  # num_spec_tokens=0: the draft never runs
                 uniform = self.signatures[name].uniform_rows
                 rows = [max(lens)] * len(lens) if uniform else lens  # a decode-step graph: rows alike per sequence
                 for all_logits in ((False, True) if name == "base" else (name == "verify",)):
@@ -200,11 +207,14 @@ class SpeculativeModel:
             long = dict(dtype=torch.long, device=self.device)
             kv, spec = scratch.kv_cache, self.spec
             draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
+            draft_hidden = spec.draft_hidden_size
+            if not self.speculates:  # no draft: empty placeholders pass through the cycle
+                draft_vocab = draft_hidden = 0
             table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:, :2] % kv.num_blocks
             scratch.chain_cycle(Sampler(), kv.pools_by_side(),
                                 torch.zeros(2, **long), torch.ones(2, **long), table, torch.zeros(2, **long),
                                 torch.zeros(2, draft_vocab, device=self.device, dtype=self.dtype),
-                                torch.zeros(2, spec.draft_hidden_size, device=self.device, dtype=self.dtype))
+                                torch.zeros(2, draft_hidden, device=self.device, dtype=self.dtype))
 
     def example_inputs(self, name: str, lens: list[int], all_logits: bool = False) -> dict:
         """Inputs for step graph `name` on sequences of `lens` tokens at positions 0.. (zeros for

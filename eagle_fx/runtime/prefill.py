@@ -62,13 +62,16 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
                                        for s, (begin, end), f in zip(chunk_seqs, spans, is_final)], **long)
             next_tokens = torch.where(final, sampled, look_ahead)
         ends = torch.tensor([end for begin, end in spans], **long)
-        chunk_logits, chunk_hidden = model.executor.prefill(
-            "draft_prefill", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None],
-            features=features, logits_indices=last, next_tokens=next_tokens, carry_features=carry[rows],
-            query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=rows,
-            committed_len=ends)
-        # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
-        stats.prefill_tokens_computed_draft += len(chunk_seqs) if model.kv_cache.kv_mode == "layer" else ids.numel()
+        if not model.speculates:  # num_spec_tokens=0: no draft, nothing of it to prefill
+            chunk_logits, chunk_hidden = logits.new_zeros(len(chunk_seqs), 0), features.new_zeros(len(chunk_seqs), 0)
+        else:
+            chunk_logits, chunk_hidden = model.executor.prefill(
+                "draft_prefill", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None],
+                features=features, logits_indices=last, next_tokens=next_tokens, carry_features=carry[rows],
+                query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=rows,
+                committed_len=ends)
+            # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
+            stats.prefill_tokens_computed_draft += len(chunk_seqs) if model.kv_cache.kv_mode == "layer" else ids.numel()
         if model.options.prefix_caching:
             model.kv_cache.keep_block_features(table, seq, positions, features)
         carry[rows] = features[last]

@@ -171,7 +171,7 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     block_table = decode_table(model, wave, rows, max(len(wave.prompts[s]) for s in active))
     num_active = len(active)
     seq_index = torch.arange(num_active + 1, **long)
-    if model.draft_offset:  # unshifted: the sampled token t_n enters the draft at position n with feature f_{n-1}
+    if model.draft_offset and model.speculates:  # unshifted: t_n enters the draft at position n with feature f_{n-1}
         draft_logits, draft_hidden = model.executor.call(
             "draft_extend", wave.tables, call.profiler, input_ids=pending[None], positions=committed_len[None],
             features=first.last_features[rows], logits_indices=seq_index[:num_active], next_tokens=pending,

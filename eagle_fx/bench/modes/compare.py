@@ -1,5 +1,11 @@
-"""--compare: HF greedy, HF static cache + torch.compile, HF assisted generation and eagle_fx on the
-same prompts, one at a time: tokens/s, speedup over HF greedy, and outputs equal to HF greedy."""
+"""--compare: HF greedy, HF static cache + torch.compile, HF assisted generation, eagle_fx without
+speculation (num_spec_tokens=0: the same graphs and backend, the base alone) and eagle_fx on the same
+prompts: tokens/s, speedup over HF greedy, and outputs equal to HF greedy. The HF baselines run one
+prompt at a time, both eagle_fx rows at --max-num-seqs.
+
+Speedup / tau: eagle_fx's speedup over its own plain decode divided by the mean acceptance length
+tau (tokens per verify); 1 would be speculation at no cost beyond the verify of one token (vLLM
+reports about 0.66 on GPUs)."""
 from __future__ import annotations
 
 import sys
@@ -11,7 +17,20 @@ from eagle_fx.bench.timing import timed
 from eagle_fx.bundled import BUNDLED
 
 
-def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float) -> list[dict]:
+def plain_decode(args, model, prompts, eos):
+    """eagle_fx with num_spec_tokens=0 over the prompts (warmed up first): (outputs, seconds)."""
+    plain = model.replace(num_spec_tokens=0)
+    plain.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos)  # warm-up (compiles)
+    plain.reset()
+
+    def generate_batch(batch):
+        return plain.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos).sequences
+
+    return timed(generate_batch, prompts, "eagle_fx k=0", args.max_num_seqs)
+
+
+def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model=None,
+        tau: float | None = None) -> list[dict]:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     n_tokens = lambda seqs: sum(map(len, seqs))  # noqa: E731
@@ -36,13 +55,21 @@ def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float) -
         rows.append((f"HF assisted ({assistant_dir.name})", n_tokens(outputs), seconds, outputs, 0.0))
     else:
         print(f"note: no assistant model at {assistant_dir}; HF assisted generation skipped", file=sys.stderr)
+    backend = "eager" if args.enforce_eager else args.backend
+    plain_row = None
+    if model is not None and model.chain_cycle is not None and args.temp == 0:
+        outputs, seconds = plain_decode(args, model, prompts, eos)
+        plain_row = (f"eagle_fx without speculation (k=0, {backend})", n_tokens(outputs), seconds, outputs, 0.0)
     tree = args.draft_tree
     drafting = f"k={args.num_spec_tokens}" if tree is None else f"tree {tree['top_k']},{tree['depth']},{tree['total_tokens']}"
-    rows.append((f"eagle_fx ({args.method}, {drafting}, {'eager' if args.enforce_eager else args.backend})",
+    hf_rows = len(rows)
+    if plain_row is not None:
+        rows.append(plain_row)
+    rows.append((f"eagle_fx ({args.method}, {drafting}, {backend})",
                  n_tokens(eagle_sequences), eagle_seconds, eagle_sequences, 0.0))
 
     greedy_tps = rows[0][1] / rows[0][2]
-    fastest_hf_tps = max(ntok / secs for _, ntok, secs, _, _ in rows[:-1])
+    fastest_hf_tps = max(ntok / secs for _, ntok, secs, _, _ in rows[:hf_rows])
     table = []
     print("-" * 86)
     print(f"{'method':<44}{'tokens':>8}{'tok/s':>10}{'vs HF':>9}{'== HF greedy':>15}")
@@ -56,4 +83,13 @@ def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float) -
     eagle_tps = rows[-1][1] / rows[-1][2]
     print(f"eagle_fx vs fastest HF baseline: {eagle_tps / fastest_hf_tps:.2f}x")
     table.append({"eagle_fx_vs_fastest_hf": eagle_tps / fastest_hf_tps})
+    if plain_row is not None:
+        over_plain = eagle_tps / (plain_row[1] / plain_row[2])
+        line = f"eagle_fx vs its own plain decode (k=0, same backend): {over_plain:.2f}x"
+        figures = {"eagle_fx_vs_own_plain_decode": over_plain}
+        if tau:
+            line += f"; speedup / tau = {over_plain:.2f} / {tau:.2f} = {over_plain / tau:.2f}"
+            figures["speedup_over_tau"] = over_plain / tau
+        print(line)
+        table.append(figures)
     return table
