@@ -102,10 +102,17 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, scale: float, sliding_window:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
-def _write_kv(pool: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
-    """k/v [1, KVH, T, D] into one layer's pool [2, blocks, block_size, KVH, D] at slot_mapping [T]."""
+def _write_kv(kv_pool: Tensor, layer: int, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """k/v [1, KVH, T, D] into layer `layer` of kv_pool [layers, 2, blocks, block_size, KVH, D] at
+    slot_mapping [T]. One index_put_ into the whole pool, not into a view of one layer: traced into
+    a compiled graph, a write into the pool input itself is done in place, where a write into a
+    view of it becomes a scatter into a copy of the whole pool (every layer, every step)."""
     kvh, d = k.shape[1], k.shape[3]
-    pool.view(2, -1, kvh, d).index_copy_(1, slot_mapping, torch.stack([k[0], v[0]]).transpose(1, 2).to(pool.dtype))
+    side = kv_pool.shape[2] * kv_pool.shape[3]  # slots per layer and side (K or V)
+    first = layer * 2 * side
+    rows = torch.cat([slot_mapping + first, slot_mapping + (first + side)])
+    values = torch.cat([k[0].transpose(0, 1), v[0].transpose(0, 1)]).to(kv_pool.dtype)  # [2T, KVH, D]
+    kv_pool.view(-1, kvh, d).index_put_((rows,), values)
 
 
 def _paged_keys(pool: Tensor, block_table: Tensor, dtype: torch.dtype) -> Tensor:
@@ -119,12 +126,15 @@ def _uniform_sdpa(q: Tensor, kv: Tensor, mask: Tensor, scale: float) -> Tensor:
     heads, total, d = q.shape[1], q.shape[2], q.shape[3]
     num_seqs = kv.shape[1]
     per_seq = total // num_seqs
-    qs = q[0].reshape(heads, num_seqs, per_seq, d).transpose(0, 1)  # [B, H, P, D]
-    keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, KVH, S, D]
+    # contiguous: inductor's SDPA lowering cannot re-stride these views when a size is the constant 1
+    # (a compiled single-sequence cycle)
+    qs = q[0].reshape(heads, num_seqs, per_seq, d).transpose(0, 1).contiguous()  # [B, H, P, D]
+    keys, values = kv[0].transpose(1, 2).contiguous(), kv[1].transpose(1, 2).contiguous()  # [B, KVH, S, D]
     # enable_gqa=True also for equal head counts (groups of one): a constant, where the comparison
     # of two sizes would be symbolic in a compiled graph
     out = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask[:, None], scale=scale, enable_gqa=True)
-    return out.transpose(0, 1).reshape(1, heads, total, d)
+    # in q's layout, as the ops' fake kernels (empty_like(q)) promise
+    return torch.empty_like(q).copy_(out.transpose(0, 1).reshape(1, heads, total, d))
 
 
 def _ragged_sdpa(q: Tensor, keys: Tensor, values: Tensor, q_pos: Tensor, first: int, scale: float,
@@ -156,7 +166,7 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
     (chunked prefill then gives bit-identical KV to unchunked prefill).
     """
     pool = kv_pool[layer]  # [2, blocks, block_size, kvh, d]
-    _write_kv(pool, k, v, slot_mapping)
+    _write_kv(kv_pool, layer, k, v, slot_mapping)
     pos = positions.reshape(-1)
     if uniform_queries and not batch_invariant:
         num_seqs = block_table.shape[0]
@@ -289,7 +299,7 @@ def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, 
     to the tree slots its tree_mask row marks. Device-side only; batch_invariant=True: one query
     row at a time."""
     pool = kv_pool[layer]
-    _write_kv(pool, k, v, slot_mapping)
+    _write_kv(kv_pool, layer, k, v, slot_mapping)
     num_seqs, width = block_table.shape[0], tree_mask.shape[1]
     kv = _paged_keys(pool, block_table, q.dtype)
     q_pos = positions.reshape(num_seqs, -1)

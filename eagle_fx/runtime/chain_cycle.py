@@ -103,9 +103,9 @@ class ChainCycle:
     """A model's chain cycle: plain Python over the step graphs, or (compile=True) one
     torch.compile'd graph per sampling setting, dynamic in batch size and block-table width.
 
-    A compiled cycle runs at least 2 sequences and 2 blocks of table (a 1 would be a size
-    torch.compile specialises on, and a second compile): a single sequence is run twice (the same
-    row twice: the same K/V written to the same slots) and half of the result kept."""
+    Compiled, a batch of one sequence is a graph of its own (torch.compile specialises a size of
+    1; the warm-up compiles both), and the block table has at least 2 columns (a narrower one gets
+    a masked second column), so the width never specialises."""
 
     def __init__(self, graphs: dict, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
                  block_size: int, compile: bool):
@@ -114,7 +114,6 @@ class ChainCycle:
         self.graphs, self.signatures, self.spec, self.compile = graphs, signatures, spec, compile
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
         self._fns: dict[CycleSettings, object] = {}
-        self.min_rows = 2 if compile else 1
 
     def _fn(self, settings: CycleSettings):
         fn = self._fns.get(settings)
@@ -137,16 +136,9 @@ class ChainCycle:
             uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=pending.device)
             noise = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=pending.device).exponential_(
                 generator=sampler.generator)
-        padded = num_seqs < self.min_rows
         if self.compile and block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
             block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
-        if padded:  # the same sequence twice, with the same noise: it computes and writes the same
-            again = torch.zeros(self.min_rows, dtype=torch.long, device=pending.device)
-            pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden = (
-                t[again] for t in (pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden))
-            if noise is not None:
-                uniforms, noise = uniforms[again], noise[again]
         with torch.no_grad():
             out = self._fn(settings)(pools, pending, committed_len, block_table, spec_rows, draft_logits,
                                      draft_hidden, uniforms, noise)
-        return tuple(t[:num_seqs] for t in out) if padded else out
+        return out

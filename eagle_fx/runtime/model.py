@@ -203,18 +203,19 @@ class SpeculativeModel:
                 rows = [max(lens)] * len(lens) if uniform else lens  # a decode-step graph: rows alike per sequence
                 for all_logits in ((False, True) if name == "base" else (name == "verify",)):
                     scratch.executor.call(name, **scratch.example_inputs(name, rows, all_logits))
-        if compiled_cycle:  # the one cycle graph: 2 sequences, 2 blocks of table (ChainCycle's smallest)
+        if compiled_cycle:  # the cycle graph for one sequence and for any number >= 2, 2 blocks of table
             long = dict(dtype=torch.long, device=self.device)
             kv, spec = scratch.kv_cache, self.spec
             draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
             draft_hidden = spec.draft_hidden_size
             if not self.speculates:  # no draft: empty placeholders pass through the cycle
                 draft_vocab = draft_hidden = 0
-            table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:, :2] % kv.num_blocks
-            scratch.chain_cycle(Sampler(), kv.pools_by_side(),
-                                torch.zeros(2, **long), torch.ones(2, **long), table, torch.zeros(2, **long),
-                                torch.zeros(2, draft_vocab, device=self.device, dtype=self.dtype),
-                                torch.zeros(2, draft_hidden, device=self.device, dtype=self.dtype))
+            for num_seqs in (1, 2):
+                table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:num_seqs, :2] % kv.num_blocks
+                scratch.chain_cycle(Sampler(), kv.pools_by_side(), torch.zeros(num_seqs, **long),
+                                    torch.ones(num_seqs, **long), table, torch.zeros(num_seqs, **long),
+                                    torch.zeros(num_seqs, draft_vocab, device=self.device, dtype=self.dtype),
+                                    torch.zeros(num_seqs, draft_hidden, device=self.device, dtype=self.dtype))
 
     def example_inputs(self, name: str, lens: list[int], all_logits: bool = False) -> dict:
         """Inputs for step graph `name` on sequences of `lens` tokens at positions 0.. (zeros for
