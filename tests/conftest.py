@@ -20,6 +20,7 @@ def _configs():
 
     return {
         "llama": LlamaConfig(**COMMON),
+        "llama1": LlamaConfig(**{**COMMON, "num_hidden_layers": 1}),  # for the tests that compile with inductor
         "qwen2": Qwen2Config(**COMMON),
         "qwen3": Qwen3Config(**COMMON),
         "mistral": MistralConfig(**COMMON, sliding_window=None),

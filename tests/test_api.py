@@ -44,7 +44,7 @@ def test_seeded_sampling_is_reproducible():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(num_spec_tokens=0), "num_spec_tokens must be a positive int"),
+    (dict(num_spec_tokens=-1), "num_spec_tokens must be an int >= 0"),
     (dict(backend="tpu"), "backend must be one of"),
     (dict(prefill_chunk_size=0), "prefill_chunk_size must be None or a positive int"),
     (dict(prefill_shift=True, bootstrap=torch.zeros(64)), "no use with prefill_shift=True"),
