@@ -13,6 +13,7 @@ from eagle_fx.options import Options
 from eagle_fx.pipeline import CapturePlan
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 from eagle_fx.runtime.compiled import compile_dynamic
+from eagle_fx.unsupported_bases import refuse_unsupported_base
 
 log = logging.getLogger("eagle_fx")
 
@@ -24,6 +25,7 @@ def _check_pair(base, draft) -> None:
         raise TypeError(f"base must be a Hugging Face causal LM (a torch.nn.Module with .config), got {type(base).__name__}")
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "body"):
         raise TypeError(f"draft must be an eagle_fx draft (use eagle_fx.load_draft(path, base)), got {type(draft).__name__}")
+    refuse_unsupported_base(base)
     bp, dp = next(base.parameters()), next(draft.parameters())
     if bp.device != dp.device:
         raise ValueError(f"base is on {bp.device} but the draft is on {dp.device}; move both to one device (draft.to(base.device))")

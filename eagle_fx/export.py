@@ -136,7 +136,11 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
     have = {"eagle_fx": eagle_fx.__version__, "torch": torch.__version__, "format": FORMAT}
     was = {"eagle_fx": manifest.get("eagle_fx_version"), "torch": manifest.get("torch_version"),
            "format": manifest.get("format")}
-    if was != have:
+
+    def release(versions: dict) -> dict:  # without torch's local build tag (+cpu, +cu128): the same release
+        return {**versions, "torch": str(versions["torch"]).split("+")[0]}
+
+    if release(was) != release(have):
         raise ExportError(f"{mf}: exported by eagle_fx {was['eagle_fx']} / torch {was['torch']} (format {was['format']}); "
                           f"this is eagle_fx {have['eagle_fx']} / torch {have['torch']} (format {have['format']}): "
                           "export the model again with this version")

@@ -102,3 +102,33 @@ def test_eos_default_and_explicit_none_follow_hf():
     stopped = model.generate([prompt], max_new_tokens=12).sequences[0]
     assert stopped == hf_greedy("llama", [prompt], 12)[0] and stopped[-1] == 2 and len(stopped) < 12
     assert model.generate([prompt], max_new_tokens=12, eos_token_id=None).sequences[0] == hf_none and len(hf_none) == 12
+
+
+def test_sharded_quantized_and_moe_bases_are_refused_before_capture():
+    """What eagle_fx cannot capture is refused by name at compile (not deep inside torch.export)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from conftest import COMMON, tiny_base, tiny_draft
+
+    draft = tiny_draft("llama", "eagle")
+    sharded = tiny_base("llama")
+    try:
+        sharded.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": "cpu"}
+        with pytest.raises(ValueError, match=r"sharded over 3 devices \(0, 1, cpu; device_map=...\).*on one device"):
+            eagle_fx.compile(sharded, draft)
+        sharded.hf_device_map = {"": 0}  # one device: accepted (the check passes; the capture is not run here)
+        from eagle_fx.unsupported_bases import refuse_unsupported_base
+
+        refuse_unsupported_base(sharded)
+    finally:
+        del sharded.hf_device_map
+    quantized = tiny_base("llama")
+    try:
+        quantized.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+        with pytest.raises(ValueError, match=r"quantized \(bitsandbytes\).*load it unquantized"):
+            eagle_fx.compile(quantized, draft)
+    finally:
+        del quantized.config.quantization_config
+    moe = MixtralForCausalLM(MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)).eval()
+    with pytest.raises(ValueError, match=r"mixture-of-experts model \(mixtral, num_local_experts=4\).*dense base"):
+        eagle_fx.compile(moe, draft)

@@ -97,6 +97,15 @@ def test_errors(tmp_path, exported_bundled):
     (copy / "manifest.json").write_text(json.dumps(mf))
     with pytest.raises(ExportError, match=r"exported by eagle_fx 0.0.1 .* export the model again"):
         eagle_fx.load_exported(copy)
+    release = torch.__version__.split("+")[0]
+    for torch_version, loads in ((release + "+cu128", True), (release, True), ("2.12.0+cpu", False)):
+        mf = json.loads((out / "manifest.json").read_text())
+        (copy / "manifest.json").write_text(json.dumps({**mf, "torch_version": torch_version}))
+        if loads:  # the local build tag (+cpu, +cu128) is not a version difference
+            assert eagle_fx.load_exported(copy).graphs is None
+        else:
+            with pytest.raises(ExportError, match=r"torch 2.12.0\+cpu .* export the model again"):
+                eagle_fx.load_exported(copy)
     (out / "draft_step.pt2").unlink()
     with pytest.raises(ExportError, match=r"missing file\(s\) \['draft_step.pt2'\]"):
         eagle_fx.load_exported(out)
