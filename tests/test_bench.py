@@ -158,7 +158,7 @@ def test_throughput_rows_equal_hf_greedy():
     without speculation and eagle_fx with k=3 each give every prompt exactly output_len tokens, equal
     to HF greedy on that prompt alone (the oracle; fp32)."""
     import eagle_fx
-    from eagle_fx.bench.hf_baselines import hf_batched_greedy
+    from eagle_fx.bench.hf_baselines import hf_greedy
     from eagle_fx.bench.modes.throughput import eagle_fx_batches
 
     tok, base = _pair()
@@ -168,7 +168,7 @@ def test_throughput_rows_equal_hf_greedy():
                                pad_token_id=tok.pad_token_id)[0, len(p):].tolist() for p in prompts]
     assert len({len(p) for p in prompts}) > 1  # a ragged batch: HF pads it
     model = eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / "eagle", base), max_batch_size=3, max_seq_len=64)
-    runners = {"hf": hf_batched_greedy(base, tok.pad_token_id, 10), "k0": eagle_fx_batches(model, 3, 0, 10),
+    runners = {"hf": hf_greedy(base, None, tok.pad_token_id, 10), "k0": eagle_fx_batches(model, 3, 0, 10),
                "k3": eagle_fx_batches(model, 3, 3, 10)}
     for name, run in runners.items():
         assert run(prompts) == alone, name

@@ -70,11 +70,10 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
         return race_sample(q, noise[:, j]), q
 
     if k == 0:  # num_spec_tokens=0: the base alone, one token per cycle; the draft does not run
-        logits, features = run("verify", verify_inputs(pending, pending[:, None][:, :0], committed_len, block_table,
-                                                       block_size))
+        no_drafts = pending[:, None][:, :0]  # [B, 0]
+        logits, features = run("verify", verify_inputs(pending, no_drafts, committed_len, block_table, block_size))
         next_token = greedy(logits) if is_greedy else race_sample(probs(logits), noise[:, 0])
-        return (torch.zeros_like(pending), next_token, pending[:, None][:, :0], draft_logits, draft_hidden,
-                features[:, None])
+        return torch.zeros_like(pending), next_token, no_drafts, draft_logits, draft_hidden, features[:, None]
     token, q = pick(draft_logits, 0)
     tokens, draft_probs, hidden = [token], [q], draft_hidden
     for j in range(1, k):

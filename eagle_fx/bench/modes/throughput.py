@@ -8,26 +8,28 @@ speculation (num_spec_tokens=0, same graphs and backend) and eagle_fx with max_b
 HF batch computes other shapes than a lone prompt, so in fp32 it may differ by a rounding flip."""
 from __future__ import annotations
 
-from eagle_fx.bench.hf_baselines import hf_batched_greedy
+from eagle_fx.bench.hf_baselines import hf_greedy, hf_static_compiled
 from eagle_fx.bench.timing import timed
 
 
 def run(args, base, draft, tokenizer, prompts, backend: str) -> dict:
     import eagle_fx
 
-    batch_sizes = args.throughput_batch_sizes
+    batch_sizes = sorted(set(args.throughput_batch_sizes))  # 1 first, when asked: its HF row is the reference
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     max_len = max(len(p) for p in prompts) + args.output_len
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=backend,
                              max_batch_size=max(batch_sizes), max_seq_len=max_len)
     methods = {
-        "HF generate (greedy, padded batch)": lambda b: hf_batched_greedy(base, pad, args.output_len),
-        "HF static cache + torch.compile": lambda b: hf_batched_greedy(base, pad, args.output_len, max_len),
+        "HF generate (greedy, padded batch)": lambda b: hf_greedy(base, None, pad, args.output_len),
+        "HF static cache + torch.compile": lambda b: hf_static_compiled(base, None, pad, args.output_len, max_len),
         f"eagle_fx without speculation (k=0, {backend})": lambda b: eagle_fx_batches(model, b, 0, args.output_len),
         f"eagle_fx ({args.method}, k={args.num_spec_tokens}, {backend})":
             lambda b: eagle_fx_batches(model, b, args.num_spec_tokens, args.output_len),
     }
-    reference = None
+    reference = None  # HF greedy on each prompt alone (eos off)
+    if 1 not in batch_sizes:
+        reference, _ = timed(hf_greedy(base, None, pad, args.output_len), prompts, "HF greedy, prompts alone")
     table = []
     print("-" * 86)
     print(f"{'method':<44}{'batch':>6}{'tokens':>8}{'tok/s':>10}{'vs HF':>9}{'== HF':>9}")
@@ -37,8 +39,8 @@ def run(args, base, draft, tokenizer, prompts, backend: str) -> dict:
             generate_batch = make(batch_size)
             generate_batch(prompts[:batch_size])  # warm-up (compiles for this batch size)
             outputs, seconds = timed(generate_batch, prompts, f"{method} B={batch_size}", batch_size)
-            if reference is None:
-                reference = outputs  # HF greedy, one prompt at a time
+            if reference is None and batch_size == 1:
+                reference = outputs  # the B=1 HF row: each prompt alone
             tokens = sum(map(len, outputs))
             tps = tokens / seconds
             hf_tps = hf_tps or tps
