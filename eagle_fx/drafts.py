@@ -22,6 +22,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from eagle_fx import families
 from eagle_fx.kv_share import resolve_layer, rope_of
 from eagle_fx.multimodal import embed_tokens
 
@@ -184,16 +185,17 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
 def draft_config_for(base, **overrides) -> LlamaConfig:
     """A one-layer Llama config that matches the base's attention shapes."""
     c = base.config.get_text_config()
+    kv_heads, head_dim = families.kv_shape(c)
     kw = dict(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
+        intermediate_size=families.mlp_width(c),
         num_hidden_layers=1,
         num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
-        max_position_embeddings=getattr(c, "max_position_embeddings", 2048),
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=families.norm_eps(c),
+        max_position_embeddings=families.max_positions(c),
         tie_word_embeddings=False,
     )
     if "rope_parameters" not in overrides:

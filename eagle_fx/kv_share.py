@@ -13,6 +13,8 @@ Each rule below raises a ValueError that says what to change.
 """
 from __future__ import annotations
 
+from eagle_fx import families
+
 ROPE_DEFAULTS = {"rope_type": "default", "partial_rotary_factor": 1.0}
 
 
@@ -27,9 +29,7 @@ def resolve_layer(base, layer) -> int:
 
 
 def base_kv_shape(base) -> tuple[int, int]:
-    c = base.config.get_text_config()
-    return (getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    return families.kv_shape(base.config)
 
 
 def rope_of(config, layer: int | None = None) -> dict:

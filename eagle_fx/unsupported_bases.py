@@ -5,12 +5,17 @@
 - quantized (a `quantization_config`, bitsandbytes / GPTQ / AWQ / ...): the passes and kernels
   work on float weights;
 - mixture-of-experts: routed MLPs choose their experts from data, which the captured step graphs
-  (one static dataflow per step) do not express.
+  (one static dataflow per step) do not express;
+- ALiBi position bias (Falcon with alibi=True, BLOOM, MPT): eagle_fx's cached attention is causal
+  (plus a sliding window), with no additive bias;
+- soft-capped attention logits (Gemma 2's attn_logit_softcapping): transformers computes it only
+  with eager attention, which eagle_fx does not rewrite.
 """
 from __future__ import annotations
 
 # config fields that count a mixture-of-experts model's experts, across HF families
 EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+ALIBI_FAMILIES = ("bloom", "mpt")  # always ALiBi; Falcon when its config says alibi=True
 
 
 def refuse_unsupported_base(base) -> None:
@@ -35,3 +40,12 @@ def refuse_unsupported_base(base) -> None:
         raise ValueError(f"the base is a mixture-of-experts model ({text.model_type}, {name}={count}): its routed "
                          "MLPs pick experts from the data, which eagle_fx's captured step graphs do not express; "
                          "use a dense base")
+    if text.model_type in ALIBI_FAMILIES or getattr(text, "alibi", False) is True:
+        raise ValueError(f"the base ({text.model_type}) adds an ALiBi position bias to its attention scores: "
+                         "eagle_fx's cached attention is causal with no additive bias; use a base with rotary or "
+                         "learned positions (the README's family table lists them)")
+    softcap = getattr(text, "attn_logit_softcapping", None)
+    if softcap:
+        raise ValueError(f"the base ({text.model_type}) soft-caps its attention logits (attn_logit_softcapping="
+                         f"{softcap}), which transformers computes only with eager attention and eagle_fx's "
+                         "attention does not express; Gemma 3 (no soft-capping) is supported")

@@ -186,7 +186,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None, only_unmasked: bool = F
         raise ValueError(
             f"eagle_fx: attention at {_module_path(n) or n.name} is computed with {n.target} and did not match "
             "eagle_fx::attention (scaled_dot_product_attention); load the model with attn_implementation='sdpa' "
-            "(soft-capped attention is not supported)"
+            "(its family must support it; soft-capped attention is not supported)"
         )
     expected_layers = ctx.expected_attention_layers
     if expected_layers is not None and matches != expected_layers:

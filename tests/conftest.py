@@ -15,10 +15,34 @@ COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_l
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
 
 
+# other families (tests/test_families.py); a wider init than HF's 0.02, so their greedy text is not one
+# repeated token; ids 1/2 as bos/eos so every config's special tokens are inside the tiny vocab
+FAMILY = dict(vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _family_configs():
+    from transformers import FalconConfig, GPT2Config, GPTNeoXConfig, OPTConfig, PhiConfig
+
+    width = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4)
+    return {
+        "gpt_neox": GPTNeoXConfig(**FAMILY, **width, intermediate_size=128, rotary_pct=0.5, initializer_range=0.3),
+        "falcon": FalconConfig(**FAMILY, **width, initializer_range=0.3),  # multi-query: one kv head
+        "falcon_new": FalconConfig(**FAMILY, **width, new_decoder_architecture=True, num_kv_heads=2,
+                                   initializer_range=0.3),
+        "gpt2": GPT2Config(vocab_size=96, n_positions=512, n_embd=64, n_layer=4, n_head=4, bos_token_id=1,
+                           eos_token_id=2, pad_token_id=0, initializer_range=0.3),
+        "opt": OPTConfig(**FAMILY, **width, ffn_dim=128, word_embed_proj_dim=64, init_std=0.3),
+        "phi": PhiConfig(**FAMILY, **width, intermediate_size=128, partial_rotary_factor=0.5, initializer_range=0.3),
+    }
+
+
+FAMILIES = ["gpt_neox", "falcon", "falcon_new", "gpt2", "opt", "phi"]
+
+
 def _configs():
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    return {
+    return _family_configs() | {
         "llama": LlamaConfig(**COMMON),
         "llama1": LlamaConfig(**{**COMMON, "num_hidden_layers": 1}),  # for the tests that compile with inductor
         "qwen2": Qwen2Config(**COMMON),
