@@ -9,9 +9,10 @@ from eagle_fx.capture import capture
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
 from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language, refuse_options
-from eagle_fx.options import Options
+from eagle_fx.options import Options, lookahead
 from eagle_fx.pipeline import CapturePlan
 from eagle_fx.runtime import PairSpec, SpeculativeModel
+from eagle_fx.rope_support import check_rope
 from eagle_fx.runtime.compiled import compile_dynamic
 from eagle_fx.unsupported_bases import refuse_unsupported_base
 
@@ -123,6 +124,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                       num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share,
                       static_steps=static_steps, draft_tree=draft_tree)
     _check_pair(base, draft)
+    rope_limit = check_rope(base, draft, options.max_seq_len, lookahead(options))  # before the capture (dynamic RoPE)
     base.eval()
     draft.eval()
     images = image_inputs_for(base) if is_vision_language(base) else None  # the vision-language handling, if any
@@ -156,7 +158,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                        mrope=images is not None and images.mrope)
     graphs = capture(base, draft, plan)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
-    spec = PairSpec.from_pair(base, draft, draft_kv=draft_kv, kv_share_layer=layer, mrope=plan.mrope)
+    spec = PairSpec.from_pair(base, draft, draft_kv=draft_kv, kv_share_layer=layer, mrope=plan.mrope,
+                              rope_limit=rope_limit)
     model = SpeculativeModel(graphs, callables, options, spec, image_encoder=images)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables

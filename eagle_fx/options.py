@@ -66,3 +66,9 @@ class Options:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and self.block_size & (self.block_size - 1):
             raise ValueError(f"backend='triton' needs a power-of-two block_size (the kernels tile by block), got {self.block_size}")
+
+
+def lookahead(options: Options) -> int:
+    """Cache positions one speculation step computes past a sequence's committed tokens: the
+    pending token and k drafts (a chain), or the tree's width."""
+    return options.num_spec_tokens + 1 if options.draft_tree is None else options.draft_tree.width

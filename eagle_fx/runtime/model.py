@@ -9,7 +9,8 @@ import time
 import torch
 
 from eagle_fx.multimodal import prompt_images, refuse_options
-from eagle_fx.options import Options
+from eagle_fx.options import Options, lookahead
+from eagle_fx.rope_support import check_max_seq_len
 from eagle_fx.runtime.chain_cycle import ChainCycle
 from eagle_fx.runtime.executor import Executor
 from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
@@ -53,7 +54,8 @@ class SpeculativeModel:
                              f"{'a draft tree' if self.tree is not None else 'a chain'}; pass the matching proposer")
         self.draft_offset = 0 if options.prefill_shift else 1  # unshifted, draft slot p holds t_p
         # cache slots past the committed tokens one speculation step writes
-        self.lookahead = options.num_spec_tokens + 1 if self.tree is None else self.tree.width
+        self.lookahead = lookahead(options)
+        check_max_seq_len(options.max_seq_len, self.lookahead, spec.rope_limit)  # replace(max_seq_len=), load_exported
         self.static_steps = options.static_steps if options.static_steps is not None else (
             options.backend == "triton" and not spec.vision_language)
         self.kv_cache = KVCache(spec, options, self.lookahead, scratch=self.static_steps)

@@ -34,6 +34,7 @@ class PairSpec:
     embed_dim: int = 0  # a vision-language base: the width of its input (and image) embeddings
     image_token_id: int | None = None  # a vision-language base: its image placeholder token
     mrope: bool = False  # a Qwen2-VL-family base: its graph takes M-RoPE positions
+    rope_limit: int | None = None  # longrope: the longest sequence its RoPE is exact for (eagle_fx.rope_support)
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_MODES:
@@ -46,7 +47,8 @@ class PairSpec:
         return self.image_token_id is not None
 
     @classmethod
-    def from_pair(cls, base, draft, draft_kv: str, kv_share_layer: int | None = None, mrope: bool = False) -> "PairSpec":
+    def from_pair(cls, base, draft, draft_kv: str, kv_share_layer: int | None = None, mrope: bool = False,
+                  rope_limit: int | None = None) -> "PairSpec":
         text_config, draft_config = base.config.get_text_config(), draft.config
         param = next(base.parameters())
         eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
@@ -62,7 +64,7 @@ class PairSpec:
             feature_dim=draft.feature_dim, draft_kv=draft_kv, kv_share_layer=kv_share_layer,
             d2t=None if d2t is None else d2t.detach().clone(),
             embed_dim=base.get_input_embeddings().weight.shape[1] if vision_language else 0,
-            image_token_id=image_token_id(base) if vision_language else None, mrope=mrope)
+            image_token_id=image_token_id(base) if vision_language else None, mrope=mrope, rope_limit=rope_limit)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """EAGLE-3: draft vocab ids -> target ids (d2t); EAGLE-1: as they are."""
