@@ -13,27 +13,35 @@ exported again with torch.export (token, sequence and pool sizes dynamic) and wr
                                              saved by torch_tensorrt.save (needs CUDA + torch_tensorrt;
                                              the eagle_fx ops run as PyTorch fallbacks)
 
-plus OUT/manifest.json (graph files and inputs, the pair's shapes, k, cache layout, draft method,
-prefill scheme, KV-sharing mode, eagle_fx and torch versions) and OUT/tensors.pt (EAGLE-3's d2t
-and the bootstrap feature). The KV pools are inputs of the graphs, not state in them: the loaded
-model allocates its own, laid out as the manifest says.
+plus OUT/weights.safetensors (exported_program and aoti: every weight once, shared by the graphs,
+which take their weights as inputs; a TensorRT engine keeps its own), OUT/manifest.json (graph
+files, inputs and weight keys, the pair's shapes, k, cache layout, draft method, prefill scheme,
+KV-sharing mode, eagle_fx and torch versions) and OUT/tensors.pt (EAGLE-3's d2t and the bootstrap
+feature). The KV pools are inputs of the graphs, not state in them, and no example inputs are
+stored: the loaded model allocates its own pools, laid out as the manifest says.
+`load_exported(out, device=)` moves exported_program graphs to that device; aoti and tensorrt
+graphs are compiled for one device type and refuse another.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import torch
 
 import eagle_fx
+from eagle_fx.export_weights import WEIGHTS_FILE, SharedWeights, lift_weights, load_weights
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 from eagle_fx.runtime.signature import StepSignature
 
 TARGETS = ("exported_program", "aoti", "tensorrt")
 SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
-FORMAT = 3  # 2: the pair records draft_kv and mrope; 3: a verify graph of its own (device-side attention)
+# 2: the pair records draft_kv and mrope; 3: a verify graph of its own (device-side attention);
+# 4: weights are graph inputs from one weights.safetensors, no example inputs in the graph files
+FORMAT = 4
 
 
 class ExportError(ValueError):
@@ -49,18 +57,26 @@ def _torch_tensorrt():
     return torch_tensorrt
 
 
-def export_step_graph(model: SpeculativeModel, name: str):
-    """(ExportedProgram, example kwargs) of step graph `name`, sizes dynamic."""
+def export_step_graph(model: SpeculativeModel, name: str, weights: SharedWeights | None = None):
+    """(ExportedProgram, example kwargs, {weight input: file key}) of step graph `name`, sizes
+    dynamic. With `weights`, the graph's weights become inputs (w_0, w_1, ... added to `weights`),
+    and the program keeps no weights."""
     gm = getattr(model.graphs, name)
     sig = model.signatures[name]
     # scratch pools: this model's KV is untouched; a decode-step graph gets the same rows per sequence
     example = model.replace().example_inputs(name, [3, 3] if sig.uniform_rows else [2, 3],
                                              all_logits=name in ("verify", "verify_tree"))
+    dynamic = sig.dynamic_shapes()
+    keys = {}
+    if weights is not None:
+        gm, lifted = lift_weights(gm)
+        keys = {w: weights.add(attr, t) for w, (attr, t) in lifted.items()}
+        example = example | {w: t for w, (_, t) in lifted.items()}
+        dynamic = dynamic | {w: None for w in lifted}
     # size-oblivious: a dimension seen as 2 in the example stays valid at 1 (one sequence, one token)
     with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
-        ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=model.signatures[name].dynamic_shapes(),
-                                 strict=False)
-    return ep, example
+        ep = torch.export.export(gm, (), kwargs=example, dynamic_shapes=dynamic, strict=False)
+    return ep, example, keys
 
 
 def tensorrt_callables(model: SpeculativeModel) -> dict:
@@ -68,7 +84,7 @@ def tensorrt_callables(model: SpeculativeModel) -> dict:
     trt = _torch_tensorrt()
     out = {}
     for name in model.graphs.names():
-        ep, example = export_step_graph(model, name)
+        ep, example, _ = export_step_graph(model, name)
         out[name] = torch.no_grad()(trt.dynamo.compile(ep, arg_inputs=(), kwarg_inputs=example, min_block_size=1))
     return out
 
@@ -83,23 +99,29 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
+    # exported_program and aoti: weights are graph inputs, in one file; a TensorRT engine keeps its own
+    weights = SharedWeights() if target != "tensorrt" else None
     for name in model.graphs.names():
         names = list(model.signatures[name].inputs)
-        ep, example = export_step_graph(model, name)
+        ep, example, keys = export_step_graph(model, name, weights)
         path = out / f"{name}{SUFFIX[target]}"
         if target == "exported_program":
+            ep.example_inputs = None  # torch.export.save would store them: a sample KV pool per file
             torch.export.save(ep, path)
         elif target == "aoti":
             torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
         else:
             compiled = trt.dynamo.compile(ep, arg_inputs=(), kwarg_inputs=example, min_block_size=1)
             trt.save(compiled, str(path), output_format="exported_program", arg_inputs=(), kwarg_inputs=example)
-        files[name] = {"file": path.name, "inputs": names}
+        files[name] = {"file": path.name, "inputs": names, "weights": keys}
+    if weights is not None:
+        weights.save(out)
     spec = model.spec
     torch.save({"d2t": spec.d2t, "bootstrap": model.options.bootstrap}, out / "tensors.pt")
     o = model.options
     manifest = {
         "format": FORMAT,
+        "weights_file": WEIGHTS_FILE if weights is not None else None,
         "eagle_fx_version": eagle_fx.__version__,
         "torch_version": torch.__version__,
         "target": target,
@@ -148,12 +170,19 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
     missing = [g["file"] for g in manifest["graphs"].values() if not (out / g["file"]).exists()]
     if not (out / "tensors.pt").exists():
         missing.append("tensors.pt")
+    weights_file = manifest.get("weights_file")
+    if weights_file and not (out / weights_file).exists():
+        missing.append(weights_file)
     if missing:
         raise ExportError(f"{out}: missing file(s) {missing} listed in manifest.json; copy the whole export folder")
     tensors = torch.load(out / "tensors.pt", map_location="cpu", weights_only=True)
     pair = dict(manifest["pair"])
-    dev = torch.device(device) if device is not None else torch.device(pair.pop("device"))
-    pair.pop("device", None)
+    saved = torch.device(pair.pop("device"))
+    dev = torch.device(device) if device is not None else saved
+    if dev.type != saved.type and target != "exported_program":
+        raise ExportError(f"{out} holds {target} graphs compiled for {saved.type}; they cannot run on {dev.type}: "
+                          f"export again from a model on {dev.type}, or export with target='exported_program' "
+                          "(moves between devices)")
     spec = PairSpec(**{**pair, "eos": tuple(pair["eos"]), "dtype": getattr(torch, pair["dtype"]), "device": dev,
                        "d2t": None if tensors["d2t"] is None else tensors["d2t"].to(dev)})
     options = Options(**{**manifest["options"], "bootstrap": tensors["bootstrap"]})
@@ -165,6 +194,7 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
             raise ExportError(f"{out} was exported from backend='triton': its graphs need the Triton kernels, "
                               f"which cannot run here ({why})")
         load_kernels()
+    weights = load_weights(out, dev) if weights_file else {}
     callables, signatures = {}, {}
     for name, g in manifest["graphs"].items():
         path = out / g["file"]
@@ -174,8 +204,12 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
             _torch_tensorrt()
             fn = torch.export.load(path).module()
         else:
-            fn = torch.export.load(path).module()
-        callables[name] = torch.no_grad()(fn)
+            ep = torch.export.load(path)
+            if dev.type != saved.type:  # the graph's own device arguments (factory ops) follow the weights
+                ep = torch.export.passes.move_to_device_pass(ep, dev)
+            fn = ep.module()
+        graph_weights = {w: weights[key] for w, key in g.get("weights", {}).items()}
+        callables[name] = torch.no_grad()(functools.partial(fn, **graph_weights) if graph_weights else fn)
         signatures[name] = StepSignature(name, tuple(g["inputs"]))
     model = SpeculativeModel(None, callables, options, spec, signatures)
     return model.replace(**runtime_options) if runtime_options else model

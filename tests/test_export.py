@@ -22,6 +22,16 @@ def bundled_model():
     return eagle_fx.compile(base, eagle_fx.load_draft(BUNDLED / "eagle", base), max_batch_size=3, max_seq_len=128)
 
 
+def _pair_weight_bytes() -> int:
+    """Bytes of the bundled pair's distinct parameters and buffers (a tensor shared by base and draft once)."""
+    model = bundled_model()
+    tensors = {}
+    for gm in (getattr(model.graphs, name) for name in model.graphs.names()):
+        for t in list(gm.parameters()) + list(gm.buffers()):
+            tensors[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = t
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def _same(model, loaded):
     a = model.replace().generate(PROMPTS, max_new_tokens=24)
     b = loaded.generate(PROMPTS, max_new_tokens=24)
@@ -47,9 +57,16 @@ def test_round_trip(tmp_path, target, request):
     assert manifest["target"] == target and set(manifest["graphs"]) == {"base", "verify", "draft_prefill", "draft_extend", "draft_step"}
     assert manifest["num_spec_tokens"] == 3 and manifest["draft_method"] == "eagle" and manifest["kv_share"] == "pool"
     assert manifest["torch_version"] == torch.__version__ and manifest["eagle_fx_version"] == eagle_fx.__version__
+    assert manifest["weights_file"] == "weights.safetensors"
     loaded = eagle_fx.load_exported(out)
     assert loaded.graphs is None and loaded.kv_cache.kv_mode == "pool"
     _same(model, loaded)
+    # one weights file, no weights or sample KV pool inside the graph files
+    weight_bytes = _pair_weight_bytes()
+    folder = sum(f.stat().st_size for f in out.iterdir())
+    assert folder <= 1.5 * weight_bytes, (folder, weight_bytes)
+    if target == "exported_program":  # (an AOTInductor package holds its compiled code, ~2 MB per graph)
+        assert all((out / g["file"]).stat().st_size < weight_bytes / 10 for g in manifest["graphs"].values())
     if target == "exported_program":  # sizes are dynamic: other batch / pool sizes and k run too
         other = eagle_fx.load_exported(out, max_batch_size=1, num_spec_tokens=2, max_seq_len=256)
         assert other.generate(PROMPTS, max_new_tokens=24).sequences == model.generate(PROMPTS, max_new_tokens=24).sequences
@@ -106,6 +123,14 @@ def test_errors(tmp_path, exported_bundled):
         else:
             with pytest.raises(ExportError, match=r"torch 2.12.0\+cpu .* export the model again"):
                 eagle_fx.load_exported(copy)
+    mf = json.loads((out / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**mf, "target": "aoti"}))
+    with pytest.raises(ExportError, match=r"aoti graphs compiled for cpu; they cannot run on cuda: export again"):
+        eagle_fx.load_exported(copy, device="cuda")
+    (out / "weights.safetensors").unlink()
+    with pytest.raises(ExportError, match=r"missing file\(s\) \['weights.safetensors'\]"):
+        eagle_fx.load_exported(out)
+    shutil.copy(exported_bundled / "weights.safetensors", out)
     (out / "draft_step.pt2").unlink()
     with pytest.raises(ExportError, match=r"missing file\(s\) \['draft_step.pt2'\]"):
         eagle_fx.load_exported(out)
