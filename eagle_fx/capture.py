@@ -61,6 +61,7 @@ class DraftStep(nn.Module):
         super().__init__()
         self.draft = draft
         self.lm_head = base_lm_head
+        self.embed = draft.embed_tokens  # registered here too: a draft borrowing the base's is no module of it
         self.shift = shift
         self.project = project
 

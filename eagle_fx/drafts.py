@@ -69,19 +69,34 @@ class Eagle1Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def _embeddings(draft: nn.Module, config: LlamaConfig, embed: nn.Module | None) -> None:
+    """The draft's token embedding: its own nn.Embedding, or (embed given) the base's module,
+    borrowed: read by the draft's forward but not one of its parameters, so draft.to(),
+    draft.parameters(), state_dict() and training leave it alone and no copy exists."""
+    if embed is None:
+        draft.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+    else:
+        object.__setattr__(draft, "embed_tokens", embed)  # an attribute, not a registered submodule
+
+
 class Eagle1Draft(nn.Module):
     method = "eagle"
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, embed: nn.Module | None = None):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        _embeddings(self, config, embed)
         self.fc = nn.Linear(2 * h, h, bias=bool(getattr(config, "bias", True)))
         self.layers = nn.ModuleList([Eagle1Layer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.feature_dim = h
         self.aux_layer_ids: tuple[int, ...] = ()
+
+    @property
+    def shares_base_embeddings(self) -> bool:
+        """The token embedding is the base's module (no copy); else the draft's own."""
+        return "embed_tokens" not in self._modules
 
     @property
     def kv_share_layer(self) -> int | None:
@@ -92,7 +107,8 @@ class Eagle1Draft(nn.Module):
         return features
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds)  # [B, T, H]
+        # in the draft's dtype: a borrowed embedding has the base's (they differ while training a bf16 base's draft)
+        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds).to(self.fc.weight.dtype)  # [B, T, H]
         x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
         return self.layers[0](x, cos, sin, attend)
@@ -126,11 +142,11 @@ class Eagle3Draft(nn.Module):
     method = "eagle3"
 
     def __init__(self, config: LlamaConfig, target_hidden_size: int, aux_layer_ids, draft_vocab_size: int,
-                 norm_before_residual: bool = False):
+                 norm_before_residual: bool = False, embed: nn.Module | None = None):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        _embeddings(self, config, embed)
         self.fc = nn.Linear(len(aux_layer_ids) * target_hidden_size, h, bias=False)
         self.midlayer = Eagle3Layer(config, norm_before_residual)
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
@@ -143,12 +159,13 @@ class Eagle3Draft(nn.Module):
         self.draft_vocab_size = draft_vocab_size
 
     kv_share_layer = Eagle1Draft.kv_share_layer
+    shares_base_embeddings = Eagle1Draft.shares_base_embeddings
 
     def project(self, features):
         return self.fc(features)
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds)
+        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds).to(self.lm_head.weight.dtype)
         x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
         return self.midlayer(e, x, cos, sin, attend)
@@ -220,16 +237,16 @@ def new_draft(base, method: str = "eagle", seed: int | None = None, draft_vocab_
     config = draft_config_for(base, **config_overrides)
     if "rope_parameters" in config_overrides:  # LlamaConfig folds rope_theta into rope_parameters
         config.rope_parameters = dict(config_overrides["rope_parameters"])
+    embed = base.get_input_embeddings()  # the base's module, shared
     if method == "eagle":
-        draft = Eagle1Draft(config)
+        draft = Eagle1Draft(config, embed=embed)
     elif method == "eagle3":
         c = base.config.get_text_config()
         aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(c.num_hidden_layers)
-        draft = Eagle3Draft(config, c.hidden_size, aux, draft_vocab_size or c.vocab_size)  # d2t = 0: first ids
+        draft = Eagle3Draft(config, c.hidden_size, aux, draft_vocab_size or c.vocab_size, embed=embed)  # d2t = 0
     else:
         raise ValueError(f"method must be 'eagle' or 'eagle3', got {method!r}")
     _init_like_llama(draft, config.initializer_range)
-    draft.embed_tokens.weight.data.copy_(base.get_input_embeddings().weight.data.float())
     p = next(base.parameters())
     return draft.to(device=p.device, dtype=p.dtype).eval()
 
@@ -302,6 +319,8 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         raise DraftLoadError(f"{cfg_file}: not valid JSON ({e})") from e
     state, weights_file = _read_weights(path)
     layout = detect_layout(config, state.keys())
+    # a checkpoint without embeddings (the usual EAGLE release) reads the base's, shared
+    base_embed = base.get_input_embeddings() if "embed_tokens.weight" not in state else None
     bc = base.config.get_text_config()
     H, V = bc.hidden_size, bc.vocab_size
 
@@ -309,7 +328,7 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         dc = _llama_config(config)
         if dc.hidden_size != H:
             raise DraftLoadError(f"{cfg_file}: hidden_size {dc.hidden_size} != base hidden_size {H}; this draft was trained for another base")
-        draft = Eagle1Draft(dc)
+        draft = Eagle1Draft(dc, embed=base_embed)
         if "bias" not in config and "fc.bias" not in state:
             raise DraftLoadError(f"{weights_file}: missing key 'fc.bias'; set \"bias\": false in {cfg_file} if the draft has no fc bias")
     else:
@@ -336,7 +355,7 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
             raise DraftLoadError(f"{cfg_file}: feature layers {aux} out of range [0, {bc.num_hidden_layers}] for a "
                                  f"{bc.num_hidden_layers}-layer base")
         dv = int(config.get("draft_vocab_size") or dc.vocab_size)
-        draft = Eagle3Draft(dc, th, aux, dv, nbr)
+        draft = Eagle3Draft(dc, th, aux, dv, nbr, embed=base_embed)
         state.pop("t2d", None)  # training only
         if "d2t" not in state:
             if dv != V:
@@ -345,9 +364,8 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
 
     if dc.vocab_size != V:
         raise DraftLoadError(f"{cfg_file}: vocab_size {dc.vocab_size} != base vocab_size {V}; the draft and base tokenizers differ")
-    take_base_embed = "embed_tokens.weight" not in state
     expected = set(draft.state_dict().keys()) - {k for k in draft.state_dict() if "rotary_emb" in k}
-    missing = sorted(expected - set(state) - ({"embed_tokens.weight"} if take_base_embed else set()))
+    missing = sorted(expected - set(state))
     unexpected = sorted(set(state) - expected)
     if missing or unexpected:
         raise DraftLoadError(
@@ -359,8 +377,6 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         if tuple(v.shape) != tuple(own[k].shape):
             raise DraftLoadError(f"{weights_file}: key {k!r} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)} from {cfg_file}")
     draft.load_state_dict(state, strict=False)
-    if take_base_embed:
-        draft.embed_tokens.weight.data.copy_(base.get_input_embeddings().weight.data)
     if layout != "eagle":
         target_ids = torch.arange(len(draft.d2t)) + draft.d2t
         if int(target_ids.max()) >= V or int(target_ids.min()) < 0:
@@ -386,8 +402,10 @@ def save_draft(draft: Draft, path, include_embeddings: bool = False, dtype: torc
         cfg["norm_before_residual"] = draft.midlayer.norm_before_residual
     state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() if v.is_floating_point() else v.detach().contiguous().cpu()
              for k, v in draft.state_dict().items() if "rotary_emb" not in k}
+    if include_embeddings and draft.shares_base_embeddings:
+        state["embed_tokens.weight"] = draft.embed_tokens.weight.detach().to(dtype or draft.embed_tokens.weight.dtype).contiguous().cpu()
     if not include_embeddings:
-        state.pop("embed_tokens.weight")
+        state.pop("embed_tokens.weight", None)
     (path / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
     tmp = path / "model.safetensors.tmp"
     save_file(state, str(tmp))

@@ -179,7 +179,8 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
     else:
         state = None
     draft.float().train()
-    draft.embed_tokens.weight.requires_grad_(False)
+    if not draft.shares_base_embeddings:  # a shared embedding is the base's, frozen above
+        draft.embed_tokens.weight.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     if state is not None:

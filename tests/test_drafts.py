@@ -156,3 +156,36 @@ def test_eagle3_needs_four_layers():
     with pytest.raises(ValueError, match="at least 4 layers"):
         new_draft(small, "eagle3")
     assert isinstance(new_draft(small, "eagle"), Eagle1Draft)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_draft_embeddings_are_the_bases_module(tmp_draft_dir, method):
+    """new_draft and a checkpoint without embeddings share the base's embedding module (no copy):
+    not a draft parameter, untouched by draft.to(), one tensor in the compiled graphs and the export."""
+    import eagle_fx
+
+    base = tiny_base("llama")
+    embed = base.get_input_embeddings()
+    draft = new_draft(base, method, seed=1)
+    assert draft.shares_base_embeddings and draft.embed_tokens is embed
+    assert all(p is not embed.weight for p in draft.parameters()) and "embed_tokens.weight" not in draft.state_dict()
+    draft.double().float()
+    assert embed.weight.dtype == torch.float32 and draft.embed_tokens is embed
+    save_draft(draft, tmp_draft_dir)
+    assert "embed_tokens.weight" not in load_file(str(tmp_draft_dir / "model.safetensors"))
+    assert load_draft(tmp_draft_dir, base).embed_tokens is embed
+    save_draft(draft, tmp_draft_dir, include_embeddings=True)  # a checkpoint with its own: the draft's own copy
+    own = load_draft(tmp_draft_dir, base)
+    assert not own.shares_base_embeddings and torch.equal(own.embed_tokens.weight, embed.weight)
+    model = eagle_fx.compile(base, draft)
+    ptr = embed.weight.data_ptr()
+    for name in ("base", "draft_step"):
+        assert any(t.data_ptr() == ptr for t in getattr(model.graphs, name).parameters()), name
+
+
+def test_gemma_draft_keeps_the_embedding_scale():
+    base = tiny_base("gemma3")
+    draft = new_draft(base, "eagle", seed=1)
+    ids = torch.tensor([[3, 7, 11]])
+    scale = base.config.hidden_size ** 0.5
+    assert torch.allclose(draft.embed_tokens(ids), base.get_input_embeddings().weight[ids] * scale)

@@ -44,7 +44,8 @@ def test_loss_decreases(tmp_path):
     rows = _rows(8, 20)
     with torch.no_grad():
         before, _ = draft_loss(base, draft, rows, noise=0.0)
-    train_draft(base, rows, tmp_path / "d", steps=30, batch_size=8, lr=3e-3, warmup=5, progress=False, draft=draft)
+    # 60 steps: at 30 the ratio sat at 0.69-0.71 across draft seeds, a coin toss at the threshold
+    train_draft(base, rows, tmp_path / "d", steps=60, batch_size=8, lr=3e-3, warmup=5, progress=False, draft=draft)
     with torch.no_grad():
         after, _ = draft_loss(base, draft, rows, noise=0.0)
     assert after < 0.7 * before
