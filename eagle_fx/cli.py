@@ -24,6 +24,21 @@ def _generate(args) -> None:
     print(f"[{st.total_num_output_tokens} tokens, mean acceptance length {st.mean_acceptance_length:.2f}]", file=sys.stderr)
 
 
+def _train_device(name: str):
+    """The torch.device for --device, or a one-line error before any loading."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise SystemExit(f"eagle-fx train-draft: --device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"eagle-fx train-draft: --device {name}: CUDA is not available here (use --device cpu)")
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise SystemExit(f"eagle-fx train-draft: --device {name}: use cpu, cuda, cuda:N, mps or xpu")
+    return device
+
+
 def _train_draft(args) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -33,7 +48,8 @@ def _train_draft(args) -> None:
 
     from eagle_fx.kv_share import resolve_layer
 
-    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
+    device = _train_device(args.device)
+    base = AutoModelForCausalLM.from_pretrained(args.base, dtype=getattr(torch, args.dtype)).to(device).eval()
     if args.kv_share is not None:
         try:
             resolve_layer(base, args.kv_share)
@@ -87,6 +103,9 @@ def main(argv=None) -> None:
     t.add_argument("--kv-share", type=int, default=None, metavar="LAYER", help="train a KV-sharing draft: its attention reads base layer LAYER's K/V "
                    "(negative counts from the last layer); eagle_fx.compile then shares that layer's cache")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cpu", help="where the base runs and the draft trains (cpu, cuda, cuda:N)")
+    t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the base's dtype; the draft keeps fp32 master weights and runs under autocast to it")
 
     args = ap.parse_args(argv)
     if args.cmd == "bench":

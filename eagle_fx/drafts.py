@@ -79,6 +79,12 @@ def _embeddings(draft: nn.Module, config: LlamaConfig, embed: nn.Module | None) 
         object.__setattr__(draft, "embed_tokens", embed)  # an attribute, not a registered submodule
 
 
+def _in_dtype(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A borrowed embedding's output in the draft's dtype (they differ while a bf16 base's draft trains
+    in fp32); no op in the graph when they agree, so the captured graphs keep their patterns."""
+    return e if e.dtype == dtype else e.to(dtype)
+
+
 class Eagle1Draft(nn.Module):
     method = "eagle"
 
@@ -107,8 +113,7 @@ class Eagle1Draft(nn.Module):
         return features
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        # in the draft's dtype: a borrowed embedding has the base's (they differ while training a bf16 base's draft)
-        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds).to(self.fc.weight.dtype)  # [B, T, H]
+        e = _in_dtype(embed_tokens(input_ids, self.embed_tokens, mm_embeds), self.fc.weight.dtype)  # [B, T, H]
         x = self.fc(torch.cat([e, hidden.to(e.dtype)], dim=-1))
         cos, sin = self.rotary_emb(x, positions)
         return self.layers[0](x, cos, sin, attend)
@@ -165,7 +170,7 @@ class Eagle3Draft(nn.Module):
         return self.fc(features)
 
     def body(self, input_ids, positions, hidden, attend=None, mm_embeds=None):
-        e = embed_tokens(input_ids, self.embed_tokens, mm_embeds).to(self.lm_head.weight.dtype)
+        e = _in_dtype(embed_tokens(input_ids, self.embed_tokens, mm_embeds), self.lm_head.weight.dtype)
         x = hidden.to(e.dtype)
         cos, sin = self.rotary_emb(x, positions)
         return self.midlayer(e, x, cos, sin, attend)

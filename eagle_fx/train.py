@@ -114,6 +114,14 @@ def unroll(draft: Draft, ids: torch.Tensor, hidden: torch.Tensor, base_kv=None, 
 
 
 def draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float = 0.05, unroll_steps: int = 2) -> tuple[torch.Tensor, dict]:
+    """The EAGLE loss of `draft` on token rows `ids`. A bf16/fp16 base trains an fp32 draft (master
+    weights) whose forward runs under autocast to the base's dtype, as it will run beside it."""
+    base_dtype = next(base.parameters()).dtype
+    with torch.autocast(ids.device.type, dtype=base_dtype, enabled=base_dtype in (torch.bfloat16, torch.float16)):
+        return _draft_loss(base, draft, ids, noise, unroll_steps)
+
+
+def _draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float, unroll_steps: int) -> tuple[torch.Tensor, dict]:
     with torch.no_grad():
         feats, base_logits, base_kv = base_features(base, draft, ids)
         probs = base_logits.float().softmax(-1)
@@ -158,7 +166,9 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
                 draft: Draft | None = None, kv_share: int | None = None) -> Draft:
     """Train a draft on packed token rows [N, S]; write checkpoints to out_dir; return the draft.
 
-    kv_share=LAYER trains a draft that attends over base layer LAYER's K/V (eagle_fx.kv_share)."""
+    kv_share=LAYER trains a draft that attends over base layer LAYER's K/V (eagle_fx.kv_share).
+    The draft trains on the base's device in fp32 (master weights), its forward under autocast to a
+    bf16/fp16 base's dtype; checkpoints are fp32 (load_draft casts to the base's dtype)."""
     out_dir = Path(out_dir)
     base.eval()
     for p in base.parameters():
@@ -178,7 +188,7 @@ def train_draft(base, rows: torch.Tensor, out_dir, method: str = "eagle", steps:
         state = None
     else:
         state = None
-    draft.float().train()
+    draft.to(device=next(base.parameters()).device, dtype=torch.float32).train()
     if not draft.shares_base_embeddings:  # a shared embedding is the base's, frozen above
         draft.embed_tokens.weight.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
