@@ -10,7 +10,11 @@ AOTAutograd; on the aten graph the eagle_fx passes run:
   lower_to_triton          the Triton fusions (RMSNorm + residual, SwiGLU, ...), where Triton can
                            run on the graph's device (else skipped, with the reason in the log)
 
-and the result is compiled by inductor. Options (all optional; anything else is an error):
+and the result is compiled by inductor. A backend must never break a model: each pass runs on a
+copy of the graph, and a pass that cannot rewrite it (an error inside the pass) leaves the graph
+as it was, with a log line saying why. Training works: AOTAutograd's forward and backward graphs
+both go through the passes, and an attention whose logsumexp the backward needs is left as SDPA.
+Options (all optional; anything else is an error):
 
   passes     which passes to run, default ("canonicalize_attention", "lower_to_triton")
   inductor   compile the rewritten graph with inductor (default True); False runs it as is
@@ -48,22 +52,34 @@ def eagle_fx_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     from torch._inductor.compile_fx import compile_fx
 
     from eagle_fx.passes import PassContext, canonicalize_attention, lower_to_triton
+    from eagle_fx.passes.fx_graph import copy_graph_module
 
     sink = opts["pass_log"]
 
-    def fw_compiler(aten_gm, aten_inputs):
+    def run_passes(aten_gm):
         ctx = PassContext()
         for name in opts["passes"]:
-            if name == "canonicalize_attention":
-                res = canonicalize_attention.run(aten_gm, ctx, only_unmasked=True)
+            try:
+                copy = copy_graph_module(aten_gm)
+                if name == "canonicalize_attention":
+                    res = canonicalize_attention.run(copy, ctx, only_unmasked=True)
+                else:
+                    res = lower_to_triton.run(copy, ctx)
+            except Exception as e:  # any failure of a pass: the graph stays as it was
+                line = f"{name}: left as is ({type(e).__name__}: {e})"
+                log.warning("eagle_fx backend: %s", line)
             else:
-                res = lower_to_triton.run(aten_gm, ctx)
-            aten_gm = res.gm
-            line = f"{name}: {res}"
-            log.info("eagle_fx backend: %s", line)
+                aten_gm = res.gm
+                line = f"{name}: {res}"
+                log.info("eagle_fx backend: %s", line)
             if sink is not None:
                 sink.append(line)
+        return aten_gm
+
+    def compiler(aten_gm, aten_inputs):
+        aten_gm = run_passes(aten_gm)
         # AOTAutograd calls what we return with one list of arguments (boxed)
         return make_boxed_func(compile_fx(aten_gm, aten_inputs) if opts["inductor"] else aten_gm)
 
-    return aot_autograd(fw_compiler=fw_compiler)(gm, example_inputs)
+    # AOTAutograd partitions a training graph into a forward and a backward: both get the passes
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler)(gm, example_inputs)

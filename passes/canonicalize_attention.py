@@ -130,8 +130,9 @@ def _sdpa_args(node: Node):
 
 def run(gm: GraphModule, ctx: PassContext | None = None, only_unmasked: bool = False) -> PassResult:
     """ctx.expected_attention_layers: the number of matches the model must give (else an error).
-    only_unmasked: canonicalise only causal SDPA without an explicit mask and leave the rest as
-    they are (for arbitrary graphs, e.g. the torch.compile backend, where a mask may be padding)."""
+    only_unmasked: canonicalise only causal SDPA without an explicit mask whose only used output is
+    the attention, and leave the rest as they are (for arbitrary graphs, e.g. the torch.compile
+    backend, where a mask may be padding and a training graph saves the logsumexp)."""
     ctx = ctx or PassContext()
     graph = gm.graph
     matches = 0
@@ -151,6 +152,10 @@ def run(gm: GraphModule, ctx: PassContext | None = None, only_unmasked: bool = F
                 f"eagle_fx: attention {node.target} at {where} is not causal (no mask, is_causal=False); "
                 "eagle_fx speculates for causal language models only"
             )
+        extra_outputs = [u for u in node.users if not (u.target is operator.getitem and u.args[1] == 0) and u.users]
+        if only_unmasked and _SDPA[node.target] == "tuple" and extra_outputs:
+            kept += 1  # training: its logsumexp is saved for the backward, which eagle_fx::attention does not give
+            continue
         k0, v0 = unrepeat_kv(k), unrepeat_kv(v)
         qv, kv = _val(q), _val(k0)
         if qv is not None and kv is not None and qv.shape[1] % kv.shape[1] != 0:
@@ -199,5 +204,5 @@ def run(gm: GraphModule, ctx: PassContext | None = None, only_unmasked: bool = F
     if matches:
         notes.append(f"windows {sorted(windows)}")
     if kept:
-        notes.append(f"{kept} SDPA with an explicit mask (or not causal) kept")
+        notes.append(f"{kept} SDPA kept (an explicit mask, not causal, or a logsumexp the backward needs)")
     return PassResult(gm, matches, notes)

@@ -7,7 +7,8 @@ HF assisted generation with the bundled assistant, and eagle_fx: tokens/s, speed
 greedy, and whether each one's output equals HF greedy on every prompt. `--draft-tree` runs
 EAGLE-2 dynamic trees instead of a chain; `--tree-vs-chain` measures a tree against chains at
 equal verify width and at equal depth, side by side in one run. `--throughput-batch-sizes 1,4,16`
-measures tokens/s at each batch size against HF's padded batches.
+measures tokens/s at each batch size against HF's padded batches; `--long-context 2048,8192,32768`
+peak memory and equality with HF at long prompts.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 import torch
 
 from eagle_fx.bench.args import add_args, check_args
-from eagle_fx.bench.modes import (kv_share, main as main_mode, multiturn, random_mm, shift_table, throughput,
-                                  tree_vs_chain)
+from eagle_fx.bench.modes import (kv_share, long_context, main as main_mode, multiturn, random_mm, shift_table,
+                                  throughput, tree_vs_chain)
 from eagle_fx.bench.prompts import load_prompts
 from eagle_fx.bundled import BUNDLED, load_pair, pair_dirs
 
@@ -36,7 +37,9 @@ def run(args) -> dict:
         raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
     backend = "eager" if args.enforce_eager else args.backend
     eos = tokenizer.eos_token_id
-    if args.dataset_name == "sharegpt-multiturn":
+    if args.long_context:
+        result = long_context.run(args, model_dir, eagle_dir, base.config.vocab_size, backend)
+    elif args.dataset_name == "sharegpt-multiturn":
         result = multiturn.run(args, base, draft, tokenizer, backend)
     elif args.dataset_name == "random-mm":
         result = random_mm.run(args, base, eagle_dir, tokenizer, backend)

@@ -49,6 +49,10 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="tokens/s at each batch size (e.g. 1,4,16): HF generate over padded batches, HF static cache "
                          "+ torch.compile, eagle_fx without speculation (k=0) and eagle_fx, same prompts, eos off "
                          "(every prompt gets exactly --output-len tokens)")
+    ap.add_argument("--long-context", default=None, metavar="L1,L2,...",
+                    help="one random prompt of each length (e.g. 2048,8192,32768): HF generate vs eagle_fx with whole "
+                         "and chunked prefill (--prefill-chunk-size, default 2048), each in a process of its own: "
+                         "seconds, peak RSS, KV pool size, equality with HF; at most 16 new tokens")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
@@ -98,6 +102,23 @@ def check_args(args) -> None:
             raise SystemExit(f"eagle-fx bench: --throughput-batch-sizes is a mode of its own (greedy chains); "
                              f"drop {other[0]}")
         args.throughput_batch_sizes = sizes
+    if args.long_context is not None:
+        try:
+            lengths = sorted(int(n) for n in str(args.long_context).split(","))
+        except ValueError:
+            lengths = []
+        if not lengths or lengths[0] < 1:
+            raise SystemExit(f"eagle-fx bench: --long-context takes prompt lengths like 2048,8192,32768, "
+                             f"got {args.long_context!r}")
+        other = [flag for flag, on in (("--draft-tree", args.draft_tree is not None), ("--compare", args.compare),
+                                       ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
+                                       ("--temp", args.temp > 0), ("--throughput-batch-sizes",
+                                                                   args.throughput_batch_sizes is not None),
+                                       ("--dataset-name " + args.dataset_name, args.dataset_name != "sharegpt")) if on]
+        if other:
+            raise SystemExit(f"eagle-fx bench: --long-context is a mode of its own (greedy chains, random prompts); "
+                             f"drop {other[0]}")
+        args.long_context = lengths
     if args.model_dir is None and not (BUNDLED / "base").exists():
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
 

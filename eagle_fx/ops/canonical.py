@@ -83,6 +83,7 @@ _lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tenso
 
 
 QUERY_TILE = 256  # ragged attention: query rows per SDPA call (its mask is [QUERY_TILE, keys] at most)
+SCORE_LIMIT = 1 << 22  # ... and fewer at long context: a tile's scores (heads x rows x keys) stay this small
 UNIFORM_MASK_LIMIT = 1 << 16  # ragged call with equal rows per sequence: batched when a mask is this small
 
 
@@ -141,17 +142,21 @@ def _ragged_sdpa(q: Tensor, keys: Tensor, values: Tensor, q_pos: Tensor, first: 
                  sliding_window: int) -> Tensor:
     """One sequence's queries q [1, H, n, D] at positions q_pos (first = q_pos[0], known on the host)
     over its keys [1, KVH, S, D]: the causal kernel when the queries are positions 0..S-1 without a
-    window, else query tiles of QUERY_TILE rows with their own [tile, S] masks."""
+    window, else query tiles of at most QUERY_TILE rows (fewer at long context: SCORE_LIMIT) with
+    their own [tile, S] masks."""
     n, num_keys = q.shape[2], keys.shape[2]
     gqa = keys.shape[1] != q.shape[1]
     if n == 1 and (sliding_window == 0 or num_keys <= sliding_window):
         return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=gqa)  # sees every key
     if first == 0 and n == num_keys and sliding_window == 0:
         return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+    # a tile's mask and scores are [rows, S]: fewer rows as S grows, so a long context's transient
+    # memory stays bounded (4 heads over 32k keys: 32 rows per tile, not 256)
+    rows = max(1, min(QUERY_TILE, SCORE_LIMIT // (q.shape[1] * num_keys)))
     tiles = []
-    for a in range(0, n, QUERY_TILE):
-        mask = visible_keys(q_pos[a:a + QUERY_TILE], num_keys, sliding_window)
-        tiles.append(F.scaled_dot_product_attention(q[:, :, a:a + QUERY_TILE], keys, values, attn_mask=mask, scale=scale,
+    for a in range(0, n, rows):
+        mask = visible_keys(q_pos[a:a + rows], num_keys, sliding_window)
+        tiles.append(F.scaled_dot_product_attention(q[:, :, a:a + rows], keys, values, attn_mask=mask, scale=scale,
                                                     enable_gqa=gqa))
     return tiles[0] if len(tiles) == 1 else torch.cat(tiles, dim=2)
 
@@ -359,3 +364,24 @@ def _(q, k, v, kv_pool, layer, slot_mapping, block_table, query_start_loc, posit
 @torch.library.register_fake("eagle_fx::rowwise_linear", lib=_lib)
 def _(x, weight, bias=None):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+# eagle_fx::attention's autograd formula: the backward of the SDPA it stands for, recomputed from
+# the saved q, k, v (no logsumexp kept), so a graph rewritten by canonicalize_attention still trains
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, scale, sliding_window = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.scale, ctx.sliding_window = scale, sliding_window
+
+
+def _attention_backward(ctx, grad_out):
+    q, k, v = ctx.saved_tensors
+    with torch.enable_grad():
+        q_, k_, v_ = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = attention_ref(q_, k_, v_, ctx.scale, ctx.sliding_window)
+        dq, dk, dv = torch.autograd.grad(out, (q_, k_, v_), grad_out)
+    return dq, dk, dv, None, None
+
+
+torch.library.register_autograd("eagle_fx::attention", _attention_backward, setup_context=_attention_setup_context,
+                                lib=_lib)

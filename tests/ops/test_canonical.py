@@ -33,3 +33,20 @@ def test_uniform_batch_equals_per_sequence(lens_before, per_seq, window):
                                      torch.tensor([0, per_seq]), pos[:, rows], 0.3, window)
         torch.testing.assert_close(together[:, :, rows], alone, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pool_all, pool)  # both wrote the same K/V
+
+
+def test_attention_op_has_the_sdpa_gradient():
+    """eagle_fx::attention's autograd formula: the gradients of the causal SDPA it stands for (GQA, window)."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 7, 8, generator=g, requires_grad=True)
+    k = torch.randn(1, 2, 7, 8, generator=g, requires_grad=True)
+    v = torch.randn(1, 2, 7, 8, generator=g, requires_grad=True)
+    for window in (0, 3):
+        grads = torch.autograd.grad(torch.ops.eagle_fx.attention(q, k, v, 0.3, window).pow(2).sum(), (q, k, v))
+        t = torch.arange(7)
+        mask = (t[:, None] >= t) & ((t[:, None] - t < window) if window else True)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        for got, want in zip(grads, torch.autograd.grad(ref.pow(2).sum(), (q, k, v))):
+            torch.testing.assert_close(got, want)
