@@ -43,6 +43,10 @@ def _check_pair(base, draft) -> None:
     if ignored:
         log.warning("eagle_fx does not apply the base's generation_config %s (it decodes greedy, or samples with "
                     "generate's temperature / top_k / top_p)", ", ".join(ignored))
+    if gc is not None and getattr(gc, "do_sample", False):
+        log.warning("the base's generation_config samples (do_sample=True, temperature=%s, top_p=%s, top_k=%s); "
+                    "eagle_fx's generate decodes greedy unless told: pass generation_config=base.generation_config "
+                    "(or temperature=...) to generate to sample as HF generate does", gc.temperature, gc.top_p, gc.top_k)
 
 
 def _kv_share_layer(base, draft, options: Options) -> int | None:

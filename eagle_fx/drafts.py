@@ -324,6 +324,9 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         raise DraftLoadError(f"{cfg_file}: not valid JSON ({e})") from e
     state, weights_file = _read_weights(path)
     layout = detect_layout(config, state.keys())
+    if layout != "speculators" and "hidden_size" not in config:
+        raise DraftLoadError(f"{cfg_file}: no hidden_size: not the config of an EAGLE draft ({layout} weights); a "
+                             "draft folder holds the config.json its weights were saved with")
     # a checkpoint without embeddings (the usual EAGLE release) reads the base's, shared
     base_embed = base.get_input_embeddings() if "embed_tokens.weight" not in state else None
     bc = base.config.get_text_config()

@@ -13,7 +13,8 @@ from conftest import compiled, hf_greedy, make_prompts, tiny_base, tiny_draft
     ([[-1]], 4, ValueError, "outside the vocab"),
     ([[1, 2]], 0, ValueError, "max_new_tokens must be an int >= 1"),
     ([[1] * 60], 10, ValueError, "60 prompt tokens \\+ max_new_tokens 10 > max_seq_len 64"),
-    ("hello", 4, TypeError, "list of token-id lists"),
+    ("hello", 4, TypeError, r"not text: use model.generate_text"),
+    ([1, 2, 3], 4, TypeError, "list of token-id lists"),
     ([[1.5, 2]], 4, TypeError, "non-integer token ids"),
 ])
 def test_bad_generate_input(prompts, max_new, exc, match):

@@ -189,3 +189,10 @@ def test_gemma_draft_keeps_the_embedding_scale():
     ids = torch.tensor([[3, 7, 11]])
     scale = base.config.hidden_size ** 0.5
     assert torch.allclose(draft.embed_tokens(ids), base.get_input_embeddings().weight[ids] * scale)
+
+
+def test_empty_config_is_not_called_a_hidden_size_mismatch(tmp_draft_dir):
+    save_draft(new_draft(tiny_base("llama"), "eagle", seed=0), tmp_draft_dir)
+    (tmp_draft_dir / "config.json").write_text("{}")
+    with pytest.raises(DraftLoadError, match=r"no hidden_size: not the config of an EAGLE draft \(eagle weights\)"):
+        load_draft(tmp_draft_dir, tiny_base("llama"))

@@ -13,6 +13,7 @@ from eagle_fx.options import Options, lookahead
 from eagle_fx.rope_support import check_max_seq_len
 from eagle_fx.runtime.chain_cycle import ChainCycle
 from eagle_fx.runtime.executor import Executor
+from eagle_fx.runtime.hf_inputs import check_streamer, prompts_from, settings_from
 from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
 from eagle_fx.runtime.pair import PairSpec
 from eagle_fx.runtime.proposer import ChainProposer, TreeProposer
@@ -21,6 +22,8 @@ from eagle_fx.runtime.scheduler import CONFIG_EOS, GenerateCall, check_prompts, 
 from eagle_fx.runtime.signature import StepSignature
 from eagle_fx.runtime.stats import GenerateOutput, Profiler, SpecDecodeStats
 
+# generate's own defaults: a generation_config's setting applies where a call leaves these
+GENERATE_DEFAULTS = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=128, eos_token_id=CONFIG_EOS)
 RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
                    "prefix_caching", "bootstrap", "num_blocks", "static_steps", "draft_tree")
 
@@ -130,9 +133,10 @@ class SpeculativeModel:
         return SpecDecodeStats(self.tree.depth, self.tree.total_tokens)
 
     @torch.no_grad()
-    def generate(self, prompts, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
+    def generate(self, prompts=None, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None,
-                 image_grid_thw=None, profile: bool = False) -> GenerateOutput:
+                 image_grid_thw=None, profile: bool = False, *, input_ids=None, attention_mask=None,
+                 do_sample: bool | None = None, generation_config=None, streamer=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.
 
         temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
@@ -147,35 +151,62 @@ class SpeculativeModel:
         placeholder tokens in order (each image is encoded once). profile=True times every
         step-graph call into .stats (synchronising with the device on a GPU; off by default).
 
+        As HF users pass them (eagle_fx.runtime.hf_inputs): `input_ids` (a 2-D tensor) with its
+        `attention_mask` (left or right padding, dropped), a tokenizer's BatchEncoding as prompts,
+        `do_sample`, `generation_config` (its sampling settings and max_new_tokens / eos apply where
+        this call leaves them at their defaults; others are warned about by name), `streamer`
+        (transformers' streamers, one prompt).
+
         One model runs one generate at a time: a second thread waits for the first to finish; a
         generate called from inside another (a callback) is an error."""
         me = threading.get_ident()
         if self._lock_owner == me:
             raise RuntimeError("generate() was called again from inside a running generate() on the same model; "
                                "use another model (model.replace()) for nested calls")
+        prompts = prompts_from(prompts, input_ids, attention_mask, self.spec.pad_token_id)
+        temperature, top_p, top_k, max_new_tokens, eos_token_id = settings_from(
+            generation_config, do_sample, temperature, top_p, top_k, max_new_tokens, eos_token_id, GENERATE_DEFAULTS)
         with self._lock:
             self._lock_owner = me
             try:
                 return self._generate(prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed,
-                                      pixel_values, image_grid_thw, profile)
+                                      pixel_values, image_grid_thw, profile, streamer)
             finally:
                 self._lock_owner = None
 
+    def generate_text(self, texts, tokenizer, **generate_kwargs) -> list[str]:
+        """Text in, text out: each string tokenised by `tokenizer` (as it is, no chat template),
+        generated with generate(**generate_kwargs), the new tokens decoded (special tokens skipped)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("generate_text takes a string or a list of strings; for token ids use generate()")
+        if not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError("generate_text needs tokenizer= (a transformers tokenizer for the base)")
+        prompts = [tokenizer(t)["input_ids"] for t in texts]
+        out = self.generate(prompts, **generate_kwargs)
+        return [tokenizer.decode(s, skip_special_tokens=True) for s in out.sequences]
+
     def _generate(self, prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed, pixel_values,
-                  image_grid_thw, profile) -> GenerateOutput:
+                  image_grid_thw, profile, streamer=None) -> GenerateOutput:
         prompts = check_prompts(prompts, max_new_tokens, self.spec.vocab_size, self.options.max_seq_len)
+        check_streamer(streamer, len(prompts))
         eos = eos_set(eos_token_id, self.spec.eos)
         images = prompt_images(self.image_encoder, self.spec.image_token_id, prompts, pixel_values, image_grid_thw,
                                self.device, self.dtype)
         stats = self.new_stats()
         call = GenerateCall(Sampler.for_call(temperature, top_p, top_k, seed, self.device), stats,
-                            Profiler(stats, profile, self.device), eos, max_new_tokens)
+                            Profiler(stats, profile, self.device), eos, max_new_tokens, streamer)
+        if streamer is not None:
+            streamer.put(torch.tensor([prompts[0]]))  # as HF generate: the prompt first (skip_prompt skips it)
         started = time.perf_counter()
         sequences: list[list[int]] = []
         batch = self.options.max_batch_size
         for first in range(0, len(prompts), batch):
             wave = new_wave(self, prompts[first:first + batch], images[first:first + batch])
             sequences += run_wave(self, call, wave)
+        if streamer is not None:
+            streamer.end()
         stats.total_num_output_tokens = sum(len(s) for s in sequences)
         stats.wall_time_s = time.perf_counter() - started
         return GenerateOutput(sequences, stats)

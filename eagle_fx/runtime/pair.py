@@ -34,6 +34,7 @@ class PairSpec:
     embed_dim: int = 0  # a vision-language base: the width of its input (and image) embeddings
     image_token_id: int | None = None  # a vision-language base: its image placeholder token
     mrope: bool = False  # a Qwen2-VL-family base: its graph takes M-RoPE positions
+    pad_token_id: int | None = None  # the base's generation_config pad id (a padded 2-D input without a mask is refused)
     rope_limit: int | None = None  # longrope: the longest sequence its RoPE is exact for (eagle_fx.rope_support)
 
     def __post_init__(self):
@@ -53,6 +54,8 @@ class PairSpec:
         param = next(base.parameters())
         eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        pad = getattr(getattr(base, "generation_config", None), "pad_token_id", None)
+        pad = pad if isinstance(pad, int) else getattr(text_config, "pad_token_id", None)
         kv_heads, head_dim = base_kv_shape(base)
         d2t = getattr(draft, "d2t", None)
         vision_language = is_vision_language(base)
@@ -64,7 +67,8 @@ class PairSpec:
             feature_dim=draft.feature_dim, draft_kv=draft_kv, kv_share_layer=kv_share_layer,
             d2t=None if d2t is None else d2t.detach().clone(),
             embed_dim=base.get_input_embeddings().weight.shape[1] if vision_language else 0,
-            image_token_id=image_token_id(base) if vision_language else None, mrope=mrope, rope_limit=rope_limit)
+            image_token_id=image_token_id(base) if vision_language else None, mrope=mrope, rope_limit=rope_limit,
+            pad_token_id=pad if isinstance(pad, int) else None)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """EAGLE-3: draft vocab ids -> target ids (d2t); EAGLE-1: as they are."""

@@ -67,9 +67,12 @@ def eos_set(eos_token_id, default_eos) -> set[int]:
         return set(default_eos)
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return set(int(e) for e in eos_token_id)
+    ids = [eos_token_id] if not isinstance(eos_token_id, (list, tuple, set, torch.Tensor)) else list(eos_token_id)
+    ids = [int(e) if isinstance(e, torch.Tensor) and e.numel() == 1 else e for e in ids]
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
+        raise TypeError(f"eos_token_id must be a token id (int), a list of ids or None, got {eos_token_id!r}; for a "
+                        "token string use tokenizer.convert_tokens_to_ids(...)")
+    return set(ids)
 
 
 @dataclass
@@ -81,12 +84,15 @@ class GenerateCall:
     profiler: Profiler
     eos: set[int]
     max_new_tokens: int
+    streamer: object = None  # transformers' streamer protocol: put(ids), end() (one prompt)
 
     def emit(self, out: list[int], context: list[int], new: list[int]) -> bool:
         """Append new tokens, stopping at eos (kept) or max_new_tokens; True when finished."""
         for t in new:
             out.append(t)
             context.append(t)
+            if self.streamer is not None:
+                self.streamer.put(torch.tensor([t]))
             if t in self.eos or len(out) >= self.max_new_tokens:
                 return True
         return False
