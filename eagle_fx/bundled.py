@@ -14,6 +14,25 @@ def pair_dirs(model_dir=None, eagle_dir=None, method: str = "eagle") -> tuple[Pa
             Path(eagle_dir) if eagle_dir else BUNDLED / method)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_pair_dirs(model_dir: Path, eagle_dir: Path | None) -> None:
+    """A SystemExit naming what is missing, before any slow loading (a folder that is not there
+    otherwise reaches transformers as a Hub repo id, a folder without a tokenizer as advice to
+    install sentencepiece)."""
+    if not Path(model_dir).is_dir():
+        raise SystemExit(f"--model-dir {model_dir}: no such folder (a Hugging Face model folder with config.json)")
+    if not (Path(model_dir) / "config.json").exists():
+        raise SystemExit(f"--model-dir {model_dir}: no config.json there; pass the folder save_pretrained wrote")
+    if not any((Path(model_dir) / f).exists() for f in TOKENIZER_FILES):
+        raise SystemExit(f"--model-dir {model_dir}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); save the "
+                         "tokenizer next to the model (tokenizer.save_pretrained(model_dir))")
+    if eagle_dir is not None and not (Path(eagle_dir) / "config.json").exists():
+        raise SystemExit(f"--eagle-dir {eagle_dir}: no draft there (no config.json); pass an EAGLE draft folder "
+                         "(eagle-fx train-draft writes one)")
+
+
 def load_pair(model_dir: Path, eagle_dir: Path):
     """(tokenizer, base, draft): the HF base in float32 with SDPA attention, in eval mode, and its EAGLE draft."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

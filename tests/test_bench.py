@@ -72,6 +72,10 @@ def test_bench_cli_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "bench.json"
     bench_main(["--num-prompts", "2", "--output-len", "8", "--json", str(out)])
     printed = capsys.readouterr().out
+    assert printed.startswith("eagle-fx bench: base ") and ("(llama, 4 layers, float32), draft " in printed
+                                                            and "(eagle); k=3, backend eager, batch 1; sharegpt, 2 prompts,"
+                                                            " up to 8 new tokens; greedy; outputs not checked against HF "
+                                                            "here (add --compare)" in printed)
     for line in ("total_num_output_tokens:", "num_drafts:", "num_draft_tokens:", "num_accepted_tokens:",
                  "mean acceptance length:", "acceptance at token 0:", "acceptance at token 2:"):
         assert line in printed
@@ -149,8 +153,9 @@ def test_generate_cli_with_a_tree(capsys):
         cli_main(["generate", "Tell me about the sea.", "--max-new-tokens", "16"] + extra)
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and texts[0].strip()
-    with pytest.raises(SystemExit, match="eagle-fx generate: --draft-tree takes"):
+    with pytest.raises(SystemExit) as e:
         cli_main(["generate", "x", "--draft-tree", "2,3"])
+    assert e.value.code == 2 and "eagle-fx generate: error: --draft-tree takes" in capsys.readouterr().err
 
 
 def test_throughput_rows_equal_hf_greedy():

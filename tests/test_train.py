@@ -1,5 +1,6 @@
 """The draft trainer: loss goes down, checkpoints load, resume continues where it stopped."""
 import json
+import re
 
 import pytest
 import torch
@@ -80,8 +81,9 @@ def test_kv_share_training_and_cli_errors(tmp_path):
 
     from eagle_fx.cli import main
 
-    with pytest.raises(SystemExit, match=r"--kv-share: kv_share=9: the base has 4 layers"):
+    with pytest.raises(SystemExit) as e:
         main(["train-draft", "--base", str(_save_base(tmp_path)), "--out", str(tmp_path / "x"), "--kv-share", "9"])
+    assert e.value.code == 2
 
 
 def _save_base(tmp_path):
@@ -126,13 +128,19 @@ def test_bf16_base_trains_an_fp32_draft_that_runs_beside_it(tmp_path, method):
     assert all(len(s) == 8 for s in out.sequences)
 
 
-def test_train_draft_cli_device_and_dtype(tmp_path):
+def test_train_draft_cli_device_and_dtype(tmp_path, capsys):
     from eagle_fx.cli import main
 
+    base = str(_save_base(tmp_path))
+    capsys.readouterr()  # save_pretrained's progress bar
+    cases = [(["--device", "gpu0"], r"--device 'gpu0'"), (["--steps", "0"], "--steps and --batch-size must be >= 1")]
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match=r"--device cuda: CUDA is not available here \(use --device cpu\)"):
-            main(["train-draft", "--base", "nowhere", "--out", str(tmp_path / "x"), "--device", "cuda"])
-    with pytest.raises(SystemExit, match=r"--device 'gpu0'"):
-        main(["train-draft", "--base", "nowhere", "--out", str(tmp_path / "x"), "--device", "gpu0"])
+        cases.append((["--device", "cuda"], r"--device cuda: CUDA is not available here \(use --device cpu\)"))
+    for extra, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["train-draft", "--base", base, "--out", str(tmp_path / "x")] + extra)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+        assert re.search("eagle-fx train-draft: error: " + message, err), err
     with pytest.raises(SystemExit):  # argparse: invalid choice
-        main(["train-draft", "--base", "nowhere", "--out", str(tmp_path / "x"), "--dtype", "int8"])
+        main(["train-draft", "--base", base, "--out", str(tmp_path / "x"), "--dtype", "int8"])

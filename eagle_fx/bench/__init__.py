@@ -22,9 +22,23 @@ from eagle_fx.bench.args import add_args, check_args
 from eagle_fx.bench.modes import (kv_share, long_context, main as main_mode, multiturn, random_mm, shift_table,
                                   throughput, tree_vs_chain)
 from eagle_fx.bench.prompts import load_prompts
-from eagle_fx.bundled import BUNDLED, load_pair, pair_dirs
+from eagle_fx.bundled import BUNDLED, check_pair_dirs, load_pair, pair_dirs
 
 __all__ = ["BUNDLED", "add_args", "main", "run"]
+
+
+def header(args, model_dir, eagle_dir, base, draft, backend: str) -> str:
+    """What this run measures, in one block: pair, k, backend, dtype, batch, dataset, decoding, checks."""
+    c = base.config.get_text_config()
+    decoding = "greedy" if args.temp == 0 else f"sampling (temperature {args.temp}, top-p {args.top_p}, top-k {args.top_k})"
+    dataset = (f"random, {args.input_len} tokens" if args.dataset_name == "random" else args.dataset_name) + \
+        f", {args.num_prompts} prompts, up to {args.output_len} new tokens"
+    checked = ("outputs checked against HF greedy (--compare)" if args.compare or args.throughput_batch_sizes
+               or args.long_context else "outputs not checked against HF here (add --compare)")
+    chain = f"tree {args.draft_tree}" if args.draft_tree else f"k={args.num_spec_tokens}"
+    return (f"eagle-fx bench: base {model_dir} ({c.model_type}, {c.num_hidden_layers} layers, "
+            f"{str(next(base.parameters()).dtype).removeprefix('torch.')}), draft {eagle_dir} ({draft.method}); {chain}, "
+            f"backend {backend}, batch {args.max_num_seqs}; {dataset}; {decoding}; {checked}")
 
 
 def run(args) -> dict:
@@ -32,10 +46,12 @@ def run(args) -> dict:
     check_args(args)
     torch.manual_seed(args.seed)
     model_dir, eagle_dir = pair_dirs(args.model_dir, args.eagle_dir, args.method)
+    check_pair_dirs(model_dir, eagle_dir)
     tokenizer, base, draft = load_pair(model_dir, eagle_dir)
     if draft.method != args.method:
         raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
     backend = "eager" if args.enforce_eager else args.backend
+    print(header(args, model_dir, eagle_dir, base, draft, backend), flush=True)
     eos = tokenizer.eos_token_id
     if args.long_context:
         result = long_context.run(args, model_dir, eagle_dir, base.config.vocab_size, backend)
