@@ -184,3 +184,13 @@ def test_bench_throughput_arguments_are_checked():
         bench_main(["--throughput-batch-sizes", "1,x"])
     with pytest.raises(SystemExit, match="--throughput-batch-sizes is a mode of its own .*drop --compare"):
         bench_main(["--throughput-batch-sizes", "1,4", "--compare"])
+
+
+def test_bench_plot_writes_a_png(tmp_path, capsys):
+    png = tmp_path / "figs" / "bench.png"
+    bench_main(["--num-prompts", "2", "--output-len", "8", "--plot", str(png)])
+    assert f"wrote {png}" in capsys.readouterr().out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    with pytest.raises(SystemExit, match="--plot draws the main bench"):
+        bench_main(["--plot", str(png), "--throughput-batch-sizes", "1"])

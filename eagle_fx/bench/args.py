@@ -62,6 +62,8 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--assistant-dir", default=None, help="assistant model for HF assisted generation (default: bundled)")
     ap.add_argument("--print-output", action="store_true")
     ap.add_argument("--json", default=None, metavar="PATH", help="write every figure to PATH")
+    ap.add_argument("--plot", default=None, metavar="PATH",
+                    help="write a PNG: acceptance per draft position and tokens/s per method (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 
@@ -119,6 +121,13 @@ def check_args(args) -> None:
             raise SystemExit(f"eagle-fx bench: --long-context is a mode of its own (greedy chains, random prompts); "
                              f"drop {other[0]}")
         args.long_context = lengths
+    if args.plot is not None:
+        from eagle_fx.bench.plot import check_available
+
+        if args.throughput_batch_sizes or args.long_context or args.shift_table or args.kv_share is not None \
+                or args.tree_vs_chain or args.dataset_name in ("sharegpt-multiturn", "random-mm"):
+            raise SystemExit("eagle-fx bench: --plot draws the main bench (with or without --compare); drop the mode flag")
+        check_available()
     if args.model_dir is None and not (BUNDLED / "base").exists():
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
 

@@ -60,6 +60,14 @@ def run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend: st
     if args.compare:
         result["compare"] = compare.run(args, base, tokenizer, prompts, sequences, seconds, model,
                                         stats.mean_acceptance_length)
+    if args.plot:
+        from eagle_fx.bench.plot import write
+
+        rates = {row["method"]: row["tokens_per_s"] for row in result.get("compare", []) if "method" in row}
+        rates = rates or {f"eagle_fx ({backend})": tokens_per_s}
+        path = write(args.plot, stats.acceptance_at, rates,
+                     f"{model_dir} + {eagle_dir}, k={args.num_spec_tokens}, {backend}, {len(prompts)} prompts")
+        print(f"wrote {path}")
     if args.print_output:
         for prompt, output in zip(prompts, sequences):
             print("-" * 50)
