@@ -84,6 +84,28 @@ def _can_alias_kv(base, draft, options: Options) -> bool:
     return True
 
 
+def _tensor_parallel_rank(base, world: int) -> tuple[int, str]:
+    """(this process's rank, the default group's name) for tensor_parallel=world, after checking
+    torch.distributed runs with that many processes and the base's heads divide among them."""
+    if world == 1:
+        return 0, ""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"tensor_parallel={world} needs torch.distributed: run under `torchrun --nproc-per-node "
+                         f"{world}` and call torch.distributed.init_process_group() before eagle_fx.compile")
+    if dist.get_world_size() != world:
+        raise ValueError(f"tensor_parallel={world} but torch.distributed runs {dist.get_world_size()} processes; "
+                         "pass tensor_parallel=torch.distributed.get_world_size()")
+    c = base.config.get_text_config()
+    kv_heads, _ = base_kv_shape(base)
+    for what, count in (("attention heads", c.num_attention_heads), ("kv heads", kv_heads)):
+        if count % world:
+            raise ValueError(f"tensor_parallel={world}: the base has {count} {what}, not divisible by {world}; "
+                             f"use a tensor_parallel that divides {count}")
+    return dist.get_rank(), dist.group.WORLD.group_name
+
+
 def _backend(gm, backend: str):
     """The step graph as a callable for `backend`; always run without autograd (inference only).
     "triton": the lowered graph runs as is (its kernels are the Triton ops)."""
@@ -94,7 +116,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             max_batch_size: int = 8, max_seq_len: int = 2048, block_size: int = 16,
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
             num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto",
-            static_steps: bool | None = None, draft_tree: dict | None = None) -> SpeculativeModel:
+            static_steps: bool | None = None, draft_tree: dict | None = None,
+            tensor_parallel: int = 1) -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -121,13 +144,18 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     A vision-language base (LLaVA or Qwen2-VL family: `get_image_features`, image placeholder
     tokens): the draft attaches to its language model, and generate(..., pixel_values=[...],
     image_grid_thw=[...]) takes each prompt's images (eagle_fx.multimodal).
+    tensor_parallel=N (under torchrun with N processes, torch.distributed initialised): each rank
+    runs its shard of the base (shard_tensor_parallel: column-parallel q/k/v and gate/up,
+    row-parallel o/down with an all-reduce, a KV pool of KVH/N heads) and the whole draft, with a
+    KV pool of its own; every rank computes the same logits, so every rank returns the same output.
     """
     options = Options(num_spec_tokens=num_spec_tokens, prefill_shift=prefill_shift, backend=backend,
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
                       prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
                       num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share,
-                      static_steps=static_steps, draft_tree=draft_tree)
+                      static_steps=static_steps, draft_tree=draft_tree, tensor_parallel=tensor_parallel)
     _check_pair(base, draft)
+    tp_rank, tp_group = _tensor_parallel_rank(base, options.tensor_parallel)
     rope_limit = check_rope(base, draft, options.max_seq_len, lookahead(options))  # before the capture (dynamic RoPE)
     base.eval()
     draft.eval()
@@ -135,7 +163,10 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     if images is not None:  # before the capture: fail fast
         check_vision_language(base)
         refuse_options(options)
-    layer = _kv_share_layer(base, draft, options) if images is None else None
+    if images is not None and options.tensor_parallel > 1:
+        raise ValueError("tensor_parallel does not run vision-language bases yet; use tensor_parallel=1")
+    # a sharded base pool holds KVH/N heads per rank, the replicated draft all of its own: its own pool
+    layer = _kv_share_layer(base, draft, options) if images is None and options.tensor_parallel == 1 else None
     if layer is not None and options.draft_tree is not None:
         raise ValueError(f"this draft reads base layer {layer}'s K/V (kv_share={options.kv_share!r}), which runs as a chain "
                          "only; for draft_tree pass kv_share=None (the draft keeps its own K/V)")
@@ -155,15 +186,17 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             raise ValueError(f"backend='tensorrt' cannot run here: {e}") from None
         if device.type != "cuda":
             raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
-    draft_kv = "layer" if layer is not None else "pool" if _can_alias_kv(base, draft, options) else "own"
+    draft_kv = ("layer" if layer is not None else "pool"
+                if options.tensor_parallel == 1 and _can_alias_kv(base, draft, options) else "own")
     plan = CapturePlan(prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant, draft_kv=draft_kv,
                        kv_share_layer=layer, lower_to_triton=options.backend == "triton",
                        tree=options.draft_tree is not None, vision_language=images is not None,
-                       mrope=images is not None and images.mrope)
+                       mrope=images is not None and images.mrope,
+                       tensor_parallel=(tp_rank, options.tensor_parallel), tensor_parallel_group=tp_group)
     graphs = capture(base, draft, plan)
     callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
     spec = PairSpec.from_pair(base, draft, draft_kv=draft_kv, kv_share_layer=layer, mrope=plan.mrope,
-                              rope_limit=rope_limit)
+                              rope_limit=rope_limit, tensor_parallel=options.tensor_parallel)
     model = SpeculativeModel(graphs, callables, options, spec, image_encoder=images)
     if options.backend == "tensorrt":  # the same graphs, exported and built into TensorRT engines
         from eagle_fx.export import tensorrt_callables

@@ -95,6 +95,9 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
         raise ExportError(f"target must be one of {TARGETS}, got {target!r}")
     if not isinstance(model, SpeculativeModel) or model.graphs is None:
         raise ExportError("export takes a model from eagle_fx.compile (a loaded model has no graphs to export)")
+    if model.options.tensor_parallel > 1:
+        raise ExportError("export a model compiled with tensor_parallel=1 (a rank's sharded graphs hold collectives "
+                          "of this process group)")
     trt = _torch_tensorrt() if target == "tensorrt" else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,8 @@ class Options:
     static_steps: bool | None = None
     # EAGLE-2 dynamic draft tree: dict(top_k=, depth=, total_tokens=) (kept as a DraftTree); None: a chain
     draft_tree: DraftTree | dict | None = None
+    # ranks the base is sharded over (shard_tensor_parallel; under torchrun, one process per rank)
+    tensor_parallel: int = 1
 
     def __post_init__(self):
         k = self.num_spec_tokens
@@ -62,6 +64,11 @@ class Options:
             if isinstance(ks, int) and not isinstance(ks, bool):
                 raise ValueError("draft_tree does not run with kv_share=LAYER (the draft's speculated K/V ring is a "
                                  "chain); use kv_share='pool' or None with a tree")
+        tp = self.tensor_parallel
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")
+        if tp > 1 and self.backend not in ("eager", "inductor"):
+            raise ValueError(f"tensor_parallel={tp} runs with backend 'eager' or 'inductor', not {self.backend!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and self.block_size & (self.block_size - 1):

@@ -5,7 +5,7 @@ options); `build_pipelines(plan, base_layers)` turns it into a table {graph name
 
     graph             made from             rewrites (in order)                            lowering
     base              BaseStep              canonicalize_attention, insert_kv_cache,       lower_to_triton
-                                            [batch_invariant]
+                                            [batch_invariant], [shard_tensor_parallel]
     verify            a copy of base        mark_uniform_queries                           lower_to_triton
     draft_prefill     DraftStep (shifted)   canonicalize_attention, insert_kv_cache,       lower_to_triton
                                             [drop_prefill_shift], [batch_invariant],
@@ -58,6 +58,8 @@ class CapturePlan:
     vision_language: the base is an image-text model whose language model is captured, and every
         graph takes mm_embeds (eagle_fx.multimodal).
     mrope: the vision-language base graph also takes rope_positions [3, 1, T] (Qwen2-VL's M-RoPE).
+    tensor_parallel: (rank, world size); with more than one rank the base graph (and its copies)
+        is this rank's shard (shard_tensor_parallel), the draft replicated.
     """
 
     prefill_shift: bool = False
@@ -68,6 +70,8 @@ class CapturePlan:
     tree: bool = False
     vision_language: bool = False
     mrope: bool = False
+    tensor_parallel: tuple[int, int] = (0, 1)  # (rank, world size): shard_tensor_parallel on the base graph
+    tensor_parallel_group: str = ""  # the torch.distributed group of its all-reduces
 
     def __post_init__(self):
         if self.draft_kv not in DRAFT_KV_CHOICES:
@@ -107,8 +111,10 @@ def build_pipelines(plan: CapturePlan, base_layers: int) -> dict[str, GraphPipel
     cached_attention = ("canonicalize_attention", "insert_kv_cache")
     batch_invariant = ("batch_invariant",) if plan.batch_invariant else ()
     lowering = ("lower_to_triton",) if plan.lower_to_triton else ()
-    pipelines = {"base": GraphPipeline(PassContext(expected_attention_layers=base_layers),
-                                       cached_attention + batch_invariant, lowering),
+    shard = ("shard_tensor_parallel",) if plan.tensor_parallel[1] > 1 else ()
+    base_context = PassContext(expected_attention_layers=base_layers, tensor_parallel=plan.tensor_parallel,
+                               tensor_parallel_group=plan.tensor_parallel_group)
+    pipelines = {"base": GraphPipeline(base_context, cached_attention + batch_invariant + shard, lowering),
                  "verify": GraphPipeline(PassContext(), ("mark_uniform_queries",), lowering, copy_of="base")}
     for name in DRAFT_GRAPHS:
         unshift = ("drop_prefill_shift",) if name == "draft_prefill" and not plan.prefill_shift else ()

@@ -5,7 +5,7 @@ step graph, in which order, with which PassContext. `fx_graph` holds FX helpers 
 """
 from . import (alias_draft_kv, batch_invariant, canonicalize_attention, drop_prefill_shift, insert_kv_cache,
                inline_uniform_attention, insert_tree_mask, lower_to_triton, mark_uniform_queries,
-               prune_draft_rows)
+               prune_draft_rows, shard_tensor_parallel)
 from .result import PassContext, PassResult
 
 PASSES = {
@@ -19,8 +19,9 @@ PASSES = {
     "insert_tree_mask": insert_tree_mask.run,
     "mark_uniform_queries": mark_uniform_queries.run,
     "inline_uniform_attention": inline_uniform_attention.run,
+    "shard_tensor_parallel": shard_tensor_parallel.run,
 }
 
 __all__ = ["PASSES", "PassContext", "PassResult", "alias_draft_kv", "batch_invariant", "canonicalize_attention",
            "drop_prefill_shift", "inline_uniform_attention", "insert_kv_cache", "insert_tree_mask", "lower_to_triton",
-           "mark_uniform_queries", "prune_draft_rows"]
+           "mark_uniform_queries", "prune_draft_rows", "shard_tensor_parallel"]

@@ -18,6 +18,8 @@ class PassContext:
     kv_share_layer: alias_draft_kv with kv_share=LAYER: the base layer whose K/V the draft reads.
     all_rows_committed: every row of the graph is a committed position (the draft prefill), so a
         sharing draft needs none of its own k/v there.
+    tensor_parallel: (rank, world size) shard_tensor_parallel cuts the base graph for.
+    tensor_parallel_group: the torch.distributed group name its all-reduces use.
     """
 
     root: torch.nn.Module | None = None
@@ -26,6 +28,8 @@ class PassContext:
     shared_pool_layer: int = 0
     kv_share_layer: int | None = None
     all_rows_committed: bool = False
+    tensor_parallel: tuple[int, int] = (0, 1)
+    tensor_parallel_group: str = ""
 
 
 @dataclass

@@ -49,7 +49,7 @@ class PairSpec:
 
     @classmethod
     def from_pair(cls, base, draft, draft_kv: str, kv_share_layer: int | None = None, mrope: bool = False,
-                  rope_limit: int | None = None) -> "PairSpec":
+                  rope_limit: int | None = None, tensor_parallel: int = 1) -> "PairSpec":
         text_config, draft_config = base.config.get_text_config(), draft.config
         param = next(base.parameters())
         eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
@@ -57,6 +57,7 @@ class PairSpec:
         pad = getattr(getattr(base, "generation_config", None), "pad_token_id", None)
         pad = pad if isinstance(pad, int) else getattr(text_config, "pad_token_id", None)
         kv_heads, head_dim = base_kv_shape(base)
+        kv_heads //= tensor_parallel  # a sharded base: this rank's share of the heads
         d2t = getattr(draft, "d2t", None)
         vision_language = is_vision_language(base)
         return cls(
