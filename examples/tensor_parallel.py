@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -73,4 +74,9 @@ def main(argv=None) -> bool:
 
 
 if __name__ == "__main__":
-    raise SystemExit(0 if main() else 1)
+    ok = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip the interpreter's teardown: a gloo rank whose process group is already destroyed can still
+    # abort there ("terminate called without an active exception") after all its work succeeded
+    os._exit(0 if ok else 1)
