@@ -52,7 +52,7 @@ def test_loss_decreases(tmp_path):
     assert after < 0.7 * before
 
 
-def test_kv_share_training_and_cli_errors(tmp_path):
+def test_kv_share_training_and_cli_errors(tmp_path, capsys):
     """train-draft --kv-share: the draft records its layer and RoPE, loads as a sharing draft,
     learns, and compiles into kv_share mode by default; bad layers are refused before any work."""
     torch.manual_seed(0)
@@ -81,14 +81,25 @@ def test_kv_share_training_and_cli_errors(tmp_path):
 
     from eagle_fx.cli import main
 
+    base_dir = str(_save_base(tmp_path))
+    capsys.readouterr()  # save_pretrained's progress bar
     with pytest.raises(SystemExit) as e:
-        main(["train-draft", "--base", str(_save_base(tmp_path)), "--out", str(tmp_path / "x"), "--kv-share", "9"])
+        main(["train-draft", "--base", base_dir, "--out", str(tmp_path / "x"), "--kv-share", "9"])
     assert e.value.code == 2
+    assert "eagle-fx train-draft: error: --kv-share: kv_share=9: the base has 4 layers" in capsys.readouterr().err
 
 
 def _save_base(tmp_path):
+    """The tiny base as a model folder, with the bundled tokenizer's files (the CLI checks a folder
+    has a tokenizer before loading; these tests fail later, on their own flags)."""
+    import shutil
+
+    from eagle_fx.bundled import BUNDLED
+
     path = tmp_path / "base"
     tiny_base("llama").save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(BUNDLED / "base" / name, path / name)
     return path
 
 
