@@ -17,17 +17,20 @@ def pair_dirs(model_dir=None, eagle_dir=None, method: str = "eagle") -> tuple[Pa
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def check_pair_dirs(model_dir: Path, eagle_dir: Path | None) -> None:
-    """A SystemExit naming what is missing, before any slow loading (a folder that is not there
-    otherwise reaches transformers as a Hub repo id, a folder without a tokenizer as advice to
-    install sentencepiece)."""
-    if not Path(model_dir).is_dir():
-        raise SystemExit(f"--model-dir {model_dir}: no such folder (a Hugging Face model folder with config.json)")
-    if not (Path(model_dir) / "config.json").exists():
-        raise SystemExit(f"--model-dir {model_dir}: no config.json there; pass the folder save_pretrained wrote")
-    if not any((Path(model_dir) / f).exists() for f in TOKENIZER_FILES):
-        raise SystemExit(f"--model-dir {model_dir}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); save the "
-                         "tokenizer next to the model (tokenizer.save_pretrained(model_dir))")
+def check_pair_dirs(model_dir: Path, eagle_dir: Path | None, model_flag: str = "--model-dir") -> None:
+    """A SystemExit naming what is missing, and the flag that named it, before any slow loading (a
+    folder that is not there otherwise reaches transformers as a Hub repo id, a folder without a
+    tokenizer as advice to install sentencepiece)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise SystemExit(f"{model_flag} {model_dir}: no such folder, so not a Hugging Face model folder (one with "
+                         "config.json)")
+    if not (model_dir / "config.json").exists():
+        raise SystemExit(f"{model_flag} {model_dir}: no config.json there, so not a Hugging Face model folder; pass "
+                         "the folder save_pretrained wrote")
+    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
+        raise SystemExit(f"{model_flag} {model_dir}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)}); save "
+                         "the tokenizer next to the model (tokenizer.save_pretrained(model_dir))")
     if eagle_dir is not None and not (Path(eagle_dir) / "config.json").exists():
         raise SystemExit(f"--eagle-dir {eagle_dir}: no draft there (no config.json); pass an EAGLE draft folder "
                          "(eagle-fx train-draft writes one)")

@@ -66,8 +66,7 @@ def _train_device(name: str):
 def _train_draft(args) -> None:
     if args.steps < 1 or args.batch_size < 1 or args.seq_len < 2 or args.lr <= 0:
         raise SystemExit("--steps and --batch-size must be >= 1, --seq-len >= 2, --lr > 0")
-    if not (os.path.isdir(args.base) and os.path.exists(os.path.join(args.base, "config.json"))):
-        raise SystemExit(f"--base {args.base}: not a Hugging Face model folder (no config.json there)")
+    check_pair_dirs(args.base, None, model_flag="--base")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,7 +76,6 @@ def _train_draft(args) -> None:
     from eagle_fx.kv_share import resolve_layer
 
     device = _train_device(args.device)
-    check_pair_dirs(args.base, None)
     base = AutoModelForCausalLM.from_pretrained(args.base, dtype=getattr(torch, args.dtype)).to(device).eval()
     if args.kv_share is not None:
         try:

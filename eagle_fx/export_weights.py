@@ -8,6 +8,7 @@ with its weights from that file (the manifest maps each graph's `w_i` to a file 
 """
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ def lift_weights(gm: GraphModule) -> tuple[GraphModule, dict[str, tuple[str, tor
     for node in list(graph.nodes):
         if node.op != "get_attr":
             continue
-        value = _attribute(gm, node.target)
+        value = operator.attrgetter(node.target)(gm)
         if not isinstance(value, torch.Tensor):
             continue
         with graph.inserting_after(anchor):
@@ -36,14 +37,8 @@ def lift_weights(gm: GraphModule) -> tuple[GraphModule, dict[str, tuple[str, tor
         graph.erase_node(node)
         lifted[placeholder.name] = (node.target, value.detach())
     graph.lint()
-    rest = {n.target: _attribute(gm, n.target) for n in graph.nodes if n.op in ("get_attr", "call_module")}
+    rest = {n.target: operator.attrgetter(n.target)(gm) for n in graph.nodes if n.op in ("get_attr", "call_module")}
     return GraphModule(rest, graph, class_name=type(gm).__name__), lifted
-
-
-def _attribute(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
 
 
 class SharedWeights:

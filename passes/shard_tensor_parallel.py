@@ -22,6 +22,8 @@ without Llama-style q/k/v/o and gate/up/down projections is an error that names 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.fx import GraphModule, Node
 
@@ -39,13 +41,6 @@ def _projection(node: Node) -> str | None:
         return None
     path = list(stack.values())[-1][0]
     return str(path).rsplit(".", 1)[-1]
-
-
-def _attr(gm: GraphModule, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
@@ -71,7 +66,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
         if weight_node.op != "get_attr":
             raise ValueError(f"shard_tensor_parallel: {kind} at {node.name} reads its weight from {weight_node.op}, "
                              "not a module attribute")
-        weight = _attr(gm, weight_node.target)
+        weight = operator.attrgetter(weight_node.target)(gm)
         dim = 0 if kind in COLUMN else 1
         size = weight.shape[dim]
         if size % world:
@@ -86,7 +81,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
             if kind in COLUMN:
                 args = [node.args[0], w]
                 if bias_node is not None:
-                    bias = _attr(gm, bias_node.target)
+                    bias = operator.attrgetter(bias_node.target)(gm)
                     gm.register_buffer(f"{name}_bias", bias.narrow(0, rank * part, part).detach().clone())
                     args.append(graph.get_attr(f"{name}_bias"))
                 new = graph.call_function(aten.linear.default, tuple(args))

@@ -88,48 +88,48 @@ def check_args(args) -> None:
     elif args.tree_vs_chain:
         raise SystemExit("eagle-fx bench: --tree-vs-chain needs --draft-tree TOPK,DEPTH,TOTAL")
     if args.throughput_batch_sizes is not None:
-        try:
-            sizes = [int(b) for b in str(args.throughput_batch_sizes).split(",")]
-        except ValueError:
-            sizes = []
-        if not sizes or min(sizes) < 1:
-            raise SystemExit(f"eagle-fx bench: --throughput-batch-sizes takes positive batch sizes like 1,4,16, "
-                             f"got {args.throughput_batch_sizes!r}")
-        other = [flag for flag, on in (("--draft-tree", args.draft_tree is not None), ("--compare", args.compare),
-                                       ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
-                                       ("--temp", args.temp > 0),
-                                       ("--dataset-name " + args.dataset_name,
-                                        args.dataset_name in ("sharegpt-multiturn", "random-mm"))) if on]
-        if other:
-            raise SystemExit(f"eagle-fx bench: --throughput-batch-sizes is a mode of its own (greedy chains); "
-                             f"drop {other[0]}")
-        args.throughput_batch_sizes = sizes
+        args.throughput_batch_sizes = _positive_ints(args.throughput_batch_sizes, "--throughput-batch-sizes",
+                                                     "positive batch sizes like 1,4,16")
+        _alone(args, "--throughput-batch-sizes", "is a mode of its own (greedy chains)", ("--dataset-name random",))
     if args.long_context is not None:
-        try:
-            lengths = sorted(int(n) for n in str(args.long_context).split(","))
-        except ValueError:
-            lengths = []
-        if not lengths or lengths[0] < 1:
-            raise SystemExit(f"eagle-fx bench: --long-context takes prompt lengths like 2048,8192,32768, "
-                             f"got {args.long_context!r}")
-        other = [flag for flag, on in (("--draft-tree", args.draft_tree is not None), ("--compare", args.compare),
-                                       ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
-                                       ("--temp", args.temp > 0), ("--throughput-batch-sizes",
-                                                                   args.throughput_batch_sizes is not None),
-                                       ("--dataset-name " + args.dataset_name, args.dataset_name != "sharegpt")) if on]
-        if other:
-            raise SystemExit(f"eagle-fx bench: --long-context is a mode of its own (greedy chains, random prompts); "
-                             f"drop {other[0]}")
-        args.long_context = lengths
+        args.long_context = _positive_ints(args.long_context, "--long-context", "prompt lengths like 2048,8192,32768")
+        _alone(args, "--long-context", "is a mode of its own (greedy chains, random prompts)")
     if args.plot is not None:
         from eagle_fx.bench.plot import check_available
 
-        if args.throughput_batch_sizes or args.long_context or args.shift_table or args.kv_share is not None \
-                or args.tree_vs_chain or args.dataset_name in ("sharegpt-multiturn", "random-mm"):
-            raise SystemExit("eagle-fx bench: --plot draws the main bench (with or without --compare); drop the mode flag")
+        _alone(args, "--plot", "draws the main bench (with or without --compare)",
+               ("--draft-tree", "--compare", "--temp", "--dataset-name random"))
         check_available()
     if args.model_dir is None and not (BUNDLED / "base").exists():
         raise SystemExit(f"eagle-fx bench: the bundled pair is missing ({BUNDLED}); pass --model-dir and --eagle-dir")
+
+
+def _mode_flags(args) -> list[str]:
+    """The flags of this run that pick or change a bench mode, as written on the command line."""
+    flags = [("--draft-tree", args.draft_tree is not None), ("--tree-vs-chain", args.tree_vs_chain),
+             ("--compare", args.compare), ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
+             ("--temp", args.temp > 0), ("--throughput-batch-sizes", args.throughput_batch_sizes is not None),
+             ("--long-context", args.long_context is not None),
+             (f"--dataset-name {args.dataset_name}", args.dataset_name != "sharegpt")]
+    return [flag for flag, on in flags if on]
+
+
+def _alone(args, flag: str, what: str, allowed: tuple[str, ...] = ()) -> None:
+    """Refuse, naming the first, any mode flag besides `flag` and those `allowed` with it."""
+    other = [f for f in _mode_flags(args) if f != flag and f not in allowed]
+    if other:
+        raise SystemExit(f"eagle-fx bench: {flag} {what}; drop {other[0]}")
+
+
+def _positive_ints(text, flag: str, example: str) -> list[int]:
+    """'4,1,16' -> [1, 4, 16], or a SystemExit naming the flag."""
+    try:
+        values = sorted(int(x) for x in str(text).split(","))
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise SystemExit(f"eagle-fx bench: {flag} takes {example}, got {text!r}")
+    return values
 
 
 def parse_tree(text, prog: str = "eagle-fx bench") -> dict:

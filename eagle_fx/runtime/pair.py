@@ -54,8 +54,9 @@ class PairSpec:
         param = next(base.parameters())
         eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
         eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-        pad = getattr(getattr(base, "generation_config", None), "pad_token_id", None)
-        pad = pad if isinstance(pad, int) else getattr(text_config, "pad_token_id", None)
+        pads = (getattr(getattr(base, "generation_config", None), "pad_token_id", None),
+                getattr(text_config, "pad_token_id", None))
+        pad = next((p for p in pads if isinstance(p, int)), None)
         kv_heads, head_dim = base_kv_shape(base)
         kv_heads //= tensor_parallel  # a sharded base: this rank's share of the heads
         d2t = getattr(draft, "d2t", None)
@@ -69,7 +70,7 @@ class PairSpec:
             d2t=None if d2t is None else d2t.detach().clone(),
             embed_dim=base.get_input_embeddings().weight.shape[1] if vision_language else 0,
             image_token_id=image_token_id(base) if vision_language else None, mrope=mrope, rope_limit=rope_limit,
-            pad_token_id=pad if isinstance(pad, int) else None)
+            pad_token_id=pad)
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """EAGLE-3: draft vocab ids -> target ids (d2t); EAGLE-1: as they are."""
