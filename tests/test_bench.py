@@ -194,3 +194,23 @@ def test_bench_plot_writes_a_png(tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     with pytest.raises(SystemExit, match="--plot draws the main bench"):
         bench_main(["--plot", str(png), "--throughput-batch-sizes", "1"])
+
+
+def _report_malloc_setting(queue):
+    import os
+    import resource
+
+    queue.put({"threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def test_long_context_memory_runs_get_the_fixed_mmap_threshold(monkeypatch):
+    """--long-context measures peak RSS in a process started with MALLOC_MMAP_THRESHOLD_ fixed
+    (glibc reads it at start), times in one started as is, and leaves the bench's own environment
+    as it was."""
+    from eagle_fx.bench.modes.long_context import MMAP_THRESHOLD, spawned
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert spawned(_report_malloc_setting, mmap_threshold=MMAP_THRESHOLD)["threshold"] == str(MMAP_THRESHOLD)
+    assert "MALLOC_MMAP_THRESHOLD_" not in __import__("os").environ
+    assert spawned(_report_malloc_setting)["threshold"] is None

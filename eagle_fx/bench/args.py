@@ -51,8 +51,9 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          "(every prompt gets exactly --output-len tokens)")
     ap.add_argument("--long-context", default=None, metavar="L1,L2,...",
                     help="one random prompt of each length (e.g. 2048,8192,32768): HF generate vs eagle_fx with whole "
-                         "and chunked prefill (--prefill-chunk-size, default 2048), each in a process of its own: "
-                         "seconds, peak RSS, KV pool size, equality with HF; at most 16 new tokens")
+                         "and chunked prefill (--prefill-chunk-size, default 2048), each in a process of its own, "
+                         "twice (seconds from a run as is, peak RSS from a run with glibc's mmap threshold fixed at "
+                         "1 MiB): seconds, peak RSS, KV pool size, equality with HF; at most 16 new tokens")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")

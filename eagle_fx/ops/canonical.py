@@ -32,10 +32,14 @@ passes/mark_uniform_queries.py on the decode-step graphs):
                          passes a table as wide as the batch's longest sequence needs) and masks by
                          position, so the mask is [B, T // B, S]: linear in S.
   uniform_queries=False  ragged rows (prefill): the host reads the sequence bounds once per call and
-                         attends per sequence, queries in tiles of QUERY_TILE rows (a fresh sequence
-                         from position 0 without a window: the causal kernel, no mask), so no
-                         [T, S] mask is ever built (equal rows per sequence with a mask of at most
-                         UNIFORM_MASK_LIMIT entries per sequence, e.g. many short prompts: batched).
+                         attends per sequence (a fresh sequence from position 0 without a window:
+                         the causal kernel, no mask). A call whose scores would pass SCORE_LIMIT
+                         (a prefill chunk over a long cached context) runs in query tiles x key
+                         chunks with an online softmax, reading one key chunk's blocks at a time,
+                         heads grouped by kv head: its transient memory is bounded by the tiles,
+                         not by the context, and no [T, S] mask is ever built (equal rows per
+                         sequence with a mask of at most UNIFORM_MASK_LIMIT entries per sequence,
+                         e.g. many short prompts: batched).
 tree_cached_attention's rows are always uniform (a tree's nodes per sequence) and device-side.
 batch_invariant=True keeps the row-by-row host loop (bit-identical chunking over speed).
 
@@ -57,6 +61,8 @@ The ops are defined with `torch.library.Library` (schema + CompositeExplicitAuto
 for the one-token decode steps on the CPU. They work in eager, under torch.compile and torch.export.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,14 +88,15 @@ _lib.define(
 _lib.define("rowwise_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
 
 
-QUERY_TILE = 256  # ragged attention: query rows per SDPA call (its mask is [QUERY_TILE, keys] at most)
-SCORE_LIMIT = 1 << 22  # ... and fewer at long context: a tile's scores (heads x rows x keys) stay this small
+QUERY_TILE = 256  # tiled ragged attention: query rows per tile
+SCORE_LIMIT = 1 << 22  # ragged attention: scores (heads x rows x keys) of one call, else tiles of at most this many
 UNIFORM_MASK_LIMIT = 1 << 16  # ragged call with equal rows per sequence: batched when a mask is this small
+KV_READ_LIMIT = 1 << 20  # device-side attention, not compiled: K/V elements read at once (longer: key chunks)
 
 
-def visible_keys(q_pos: Tensor, num_keys: int, sliding_window: int) -> Tensor:
-    """Bool mask [..., num_keys]: key position j is visible to a query at position p (q_pos [...])."""
-    dist = q_pos[..., None] - torch.arange(num_keys, device=q_pos.device)
+def visible_keys(q_pos: Tensor, num_keys: int, sliding_window: int, first_key: int = 0) -> Tensor:
+    """Bool mask [..., num_keys]: key position first_key + j is visible to a query at position p (q_pos [...])."""
+    dist = q_pos[..., None] - torch.arange(first_key, first_key + num_keys, device=q_pos.device)
     mask = dist >= 0
     if sliding_window > 0:
         mask &= dist < sliding_window
@@ -122,6 +129,43 @@ def _paged_keys(pool: Tensor, block_table: Tensor, dtype: torch.dtype) -> Tensor
     return kv if kv.dtype == dtype else kv.to(dtype)
 
 
+def _key_chunk_blocks(pool: Tensor, block_table: Tensor) -> int:
+    """Blocks per key chunk for the device-side attention over one layer's pool [2, blocks,
+    block_size, KVH, D]: the whole table at once while compiling (a loop over a dynamic width
+    would specialise the graph) or while the table's K/V fit KV_READ_LIMIT elements; else as many
+    blocks as fit it."""
+    if torch.compiler.is_compiling():
+        return block_table.shape[1]
+    per_block = 2 * block_table.shape[0] * pool.shape[2] * pool.shape[3] * pool.shape[4]
+    return max(1, KV_READ_LIMIT // per_block)
+
+
+def _uniform_in_key_chunks(q: Tensor, pool: Tensor, block_table: Tensor, q_pos: Tensor, scale: float,
+                           sliding_window: int, chunk_blocks: int) -> Tensor:
+    """The device-side attention (B sequences of P = T // B rows at positions q_pos [B, P]) over
+    key chunks of `chunk_blocks` table columns, merged by log-sum-exp: reads one chunk's K/V at a
+    time instead of every sequence's whole table. Loops over a shape, never over a value: no host
+    read."""
+    heads, total, d = q.shape[1], q.shape[2], q.shape[3]
+    num_seqs, width = block_table.shape
+    per_seq, block_size, kv_heads = total // num_seqs, pool.shape[2], pool.shape[3]
+    group = heads // kv_heads
+    qg = q[0].reshape(kv_heads, group, num_seqs, per_seq, d).permute(2, 0, 1, 3, 4)
+    qg = qg.reshape(num_seqs, kv_heads, group * per_seq, d)  # [B, KVH, G P, D]: heads grouped by kv head
+    attend = CHUNK_ATTENTION.get(q.device.type, _chunk_attention_softmax)
+    acc = lse = None
+    for j in range(0, width, chunk_blocks):
+        kv = pool[:, block_table[:, j:j + chunk_blocks]].flatten(2, 3).transpose(2, 3)  # [2, B, KVH, c, D]
+        if kv.dtype != q.dtype:
+            kv = kv.to(q.dtype)
+        visible = visible_keys(q_pos, kv.shape[3], sliding_window, first_key=j * block_size)  # [B, P, c]
+        visible = visible.repeat(1, group, 1)[:, None]  # [B, 1, G P, c]
+        part, part_lse = attend(qg, kv[0], kv[1], visible, scale)
+        acc, lse = _merge_chunk(acc, lse, part, part_lse, visible)
+    out = acc.view(num_seqs, kv_heads, group, per_seq, d).permute(1, 2, 0, 3, 4).reshape(1, heads, total, d)
+    return out.to(q.dtype)
+
+
 def _uniform_sdpa(q: Tensor, kv: Tensor, mask: Tensor, scale: float) -> Tensor:
     """q [1, H, T, D] as B sequences of T // B rows against kv [2, B, S, KVH, D] under mask [B, T // B, S]."""
     heads, total, d = q.shape[1], q.shape[2], q.shape[3]
@@ -138,27 +182,116 @@ def _uniform_sdpa(q: Tensor, kv: Tensor, mask: Tensor, scale: float) -> Tensor:
     return torch.empty_like(q).copy_(out.transpose(0, 1).reshape(1, heads, total, d))
 
 
-def _ragged_sdpa(q: Tensor, keys: Tensor, values: Tensor, q_pos: Tensor, first: int, scale: float,
-                 sliding_window: int) -> Tensor:
-    """One sequence's queries q [1, H, n, D] at positions q_pos (first = q_pos[0], known on the host)
-    over its keys [1, KVH, S, D]: the causal kernel when the queries are positions 0..S-1 without a
-    window, else query tiles of at most QUERY_TILE rows (fewer at long context: SCORE_LIMIT) with
-    their own [tile, S] masks."""
-    n, num_keys = q.shape[2], keys.shape[2]
-    gqa = keys.shape[1] != q.shape[1]
-    if n == 1 and (sliding_window == 0 or num_keys <= sliding_window):
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=gqa)  # sees every key
+KeyReader = Callable[[int, int], Tensor]  # (lo, hi) -> keys and values of positions lo..hi-1: [2, KVH, hi - lo, D]
+
+
+def _ragged_sdpa(q: Tensor, read_kv: KeyReader, kv_heads: int, num_keys: int, q_pos: Tensor, first: int,
+                 scale: float, sliding_window: int) -> Tensor:
+    """One sequence's queries q [1, H, n, D] at the consecutive positions q_pos = first..first+n-1
+    (first known on the host) over its keys 0..num_keys-1, read through `read_kv`. Small calls are
+    one SDPA (the causal kernel for a fresh sequence from position 0 without a window); a call
+    whose scores (heads x rows x keys) would exceed SCORE_LIMIT is attended in tiles with an online
+    softmax (_tiled_attention), so its transient memory does not grow with the context."""
+    heads, n = q.shape[1], q.shape[2]
     if first == 0 and n == num_keys and sliding_window == 0:
-        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
-    # a tile's mask and scores are [rows, S]: fewer rows as S grows, so a long context's transient
-    # memory stays bounded (4 heads over 32k keys: 32 rows per tile, not 256)
-    rows = max(1, min(QUERY_TILE, SCORE_LIMIT // (q.shape[1] * num_keys)))
-    tiles = []
+        kv = read_kv(0, num_keys)
+        return F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], is_causal=True, scale=scale,
+                                              enable_gqa=kv.shape[1] != heads)
+    if heads * n * num_keys > SCORE_LIMIT:
+        return _tiled_attention(q, read_kv, kv_heads, q_pos, first, scale, sliding_window)
+    kv = read_kv(0, num_keys)
+    mask = None
+    if n > 1 or 0 < sliding_window < num_keys:  # else the one query sees every key
+        mask = visible_keys(q_pos, num_keys, sliding_window)
+    return F.scaled_dot_product_attention(q, kv[0][None], kv[1][None], attn_mask=mask, scale=scale,
+                                          enable_gqa=kv.shape[1] != heads)
+
+
+def _tiled_attention(q: Tensor, read_kv: KeyReader, kv_heads: int, q_pos: Tensor, first: int, scale: float,
+                     sliding_window: int) -> Tensor:
+    """Attention of q [1, H, n, D] (consecutive positions from `first`) in tiles: query tiles of at
+    most QUERY_TILE rows, each over the key chunks it can see (causal, window), each chunk's result
+    merged by its log-sum-exp (as flash attention's online softmax does). Query heads are grouped
+    by their kv head, so keys are never repeated for GQA, and a chunk's scores or mask stay within
+    SCORE_LIMIT: the transient memory is bounded by the tiles, not by the context."""
+    heads, n, d = q.shape[1], q.shape[2], q.shape[3]
+    out = torch.empty_like(q)
+    rows = min(n, QUERY_TILE)
+    group = heads // kv_heads
+    attend = CHUNK_ATTENTION.get(q.device.type, _chunk_attention_softmax)
     for a in range(0, n, rows):
-        mask = visible_keys(q_pos[a:a + rows], num_keys, sliding_window)
-        tiles.append(F.scaled_dot_product_attention(q[:, :, a:a + rows], keys, values, attn_mask=mask, scale=scale,
-                                                    enable_gqa=gqa))
-    return tiles[0] if len(tiles) == 1 else torch.cat(tiles, dim=2)
+        b = min(n, a + rows)
+        lo_pos, hi_pos = first + a, first + b - 1  # the tile's first and last query positions
+        key_lo = max(0, lo_pos + 1 - sliding_window) if sliding_window > 0 else 0
+        qg = q[0, :, a:b].reshape(1, kv_heads, group * (b - a), d)  # heads grouped by kv head (h // group)
+        chunk = max(1, SCORE_LIMIT // (heads * (b - a)))
+        acc = lse = None
+        for c0 in range(key_lo, hi_pos + 1, chunk):
+            c1 = min(hi_pos + 1, c0 + chunk)
+            kv = read_kv(c0, c1)  # [2, KVH, c, D]
+            visible = None
+            if c1 - 1 > lo_pos or (sliding_window > 0 and c0 <= hi_pos - sliding_window):  # some key hidden
+                visible = visible_keys(q_pos[a:b], c1 - c0, sliding_window, first_key=c0).repeat(group, 1)[None, None]
+            part, part_lse = attend(qg, kv[0][None], kv[1][None], visible, scale)  # [1, KVH, G r, D], [.., 1]
+            acc, lse = _merge_chunk(acc, lse, part, part_lse, visible)
+        out[0, :, a:b] = acc.view(heads, b - a, d).to(out.dtype)
+    return out
+
+
+def _chunk_attention_softmax(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None,
+                             scale: float) -> tuple[Tensor, Tensor]:
+    """q [B, KVH, M, D] over k, v [B, KVH, c, D] under visible [B, 1, M, c] (None: all): (out
+    [B, KVH, M, D] in fp32, log-sum-exp of the scores [B, KVH, M, 1]); a row that sees no key gets 0."""
+    q, k, v = q.float(), k.float(), v.float()
+    scores = torch.matmul(q * scale, k.transpose(-1, -2))
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0))
+    return torch.matmul(probs, v), lse
+
+
+def _chunk_attention_flash_cpu(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None,
+                               scale: float) -> tuple[Tensor, Tensor]:
+    """_chunk_attention_softmax through the CPU flash-attention kernel, which returns the
+    log-sum-exp with its output (about 4x faster than the explicit softmax; its mask is additive)."""
+    mask = None
+    if visible is not None:
+        mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                           scale=scale)[:2]
+    return out.float(), lse[..., None]
+
+
+def _merge_chunk(acc: Tensor | None, lse: Tensor | None, part: Tensor, part_lse: Tensor,
+                 visible: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Fold one key chunk's attention (part, part_lse; visible: its mask) into the running result."""
+    if visible is not None:  # rows that see no key of this chunk add nothing
+        part_lse = part_lse.masked_fill(~visible.any(-1, keepdim=True), float("-inf"))
+    if acc is None:
+        return part, part_lse
+    new_lse = torch.logaddexp(lse, part_lse)
+    # a row that has seen no key in either (both -inf) keeps 0 and -inf
+    acc = acc * torch.exp(lse - new_lse).nan_to_num(0.0) + part * torch.exp(part_lse - new_lse).nan_to_num(0.0)
+    return acc, new_lse
+
+
+# a device type's chunk attention for the tiled path (others: the explicit softmax)
+CHUNK_ATTENTION = {"cpu": _chunk_attention_flash_cpu}
+
+
+def _paged_reader(pool: Tensor, blocks: Tensor, dtype: torch.dtype) -> KeyReader:
+    """A KeyReader over one sequence's blocks (`blocks`, in position order) of one layer's pool
+    [2, num_blocks, block_size, KVH, D]: reads only the blocks that hold positions lo..hi-1."""
+    block_size, kvh, d = pool.shape[2], pool.shape[3], pool.shape[4]
+
+    def read(lo: int, hi: int) -> Tensor:
+        b0, b1 = lo // block_size, -(-hi // block_size)
+        kv = pool[:, blocks[b0:b1]].view(2, (b1 - b0) * block_size, kvh, d)
+        kv = kv[:, lo - b0 * block_size:hi - b0 * block_size].transpose(1, 2)
+        return kv if kv.dtype == dtype else kv.to(dtype)
+
+    return read
 
 
 def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer: int, slot_mapping: Tensor,
@@ -175,10 +308,14 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
     pos = positions.reshape(-1)
     if uniform_queries and not batch_invariant:
         num_seqs = block_table.shape[0]
+        chunk_blocks = _key_chunk_blocks(pool, block_table)
+        if chunk_blocks < block_table.shape[1]:
+            return _uniform_in_key_chunks(q, pool, block_table, pos.view(num_seqs, -1), scale, sliding_window,
+                                          chunk_blocks)
         kv = _paged_keys(pool, block_table, q.dtype)
         mask = visible_keys(pos.view(num_seqs, -1), kv.shape[2], sliding_window)
         return _uniform_sdpa(q, kv, mask, scale)
-    kvh, d, block_size = k.shape[1], k.shape[3], kv_pool.shape[3]
+    kvh, block_size = k.shape[1], kv_pool.shape[3]
     out = torch.empty_like(q)
     n_seq = query_start_loc.shape[0] - 1
     # one host read for all sequences: query bounds, each sequence's first and last query position
@@ -198,18 +335,16 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
         if a == b:
             continue
         num_keys = ends[s] + 1  # a sequence's queries are its last positions
-        nb = -(-num_keys // block_size)
-        kv = pool[:, block_table[s, :nb]].view(2, nb * block_size, kvh, d)[:, :num_keys].transpose(1, 2)
-        if kv.dtype != q.dtype:
-            kv = kv.to(q.dtype)
-        kt, vt = kv[0][None], kv[1][None]
+        read = _paged_reader(pool, block_table[s], q.dtype)
         if batch_invariant:
+            kv = read(0, num_keys)
+            kt, vt = kv[0][None], kv[1][None]
             for i, p in enumerate(pos[a:b].tolist(), start=a):
                 lo = max(0, p + 1 - sliding_window) if sliding_window > 0 else 0
                 out[:, :, i:i + 1] = F.scaled_dot_product_attention(
                     q[:, :, i:i + 1], kt[:, :, lo:p + 1], vt[:, :, lo:p + 1], scale=scale, enable_gqa=gqa)
             continue
-        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], kt, vt, pos[a:b], firsts[s], scale, sliding_window)
+        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], read, kvh, num_keys, pos[a:b], firsts[s], scale, sliding_window)
     return out
 
 
@@ -220,8 +355,7 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
     """Write the uncommitted rows' k/v into the ring, then attend each query to its sequence's keys:
     the base layer's below committed_len, the ring's from there on. uniform_queries=True:
     device-side only (a sequence's rows then span at most the ring's size in positions)."""
-    kvh, d = spec_kv.shape[-2], spec_kv.shape[-1]
-    ring, block_size = spec_kv.shape[2], kv_pool.shape[3]
+    kvh, ring = spec_kv.shape[-2], spec_kv.shape[2]
     pos = positions.reshape(-1)
     if uniform_queries:
         num_seqs, total = block_table.shape[0], pos.shape[0]
@@ -253,7 +387,6 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
             new = torch.stack([k[0][:, r], v[0][:, r]]).transpose(1, 2).to(spec_kv.dtype)  # [2, r, kvh, d]
             spec_kv[:, spec_rows[seq[r]], pos[r] % ring] = new
     out = torch.empty_like(q)
-    base = kv_pool[base_layer]
     for s in range(n_seq):
         a, b = bounds[s], bounds[s + 1]
         if a == b:
@@ -262,16 +395,24 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
         c = min(committed[s], num_keys)
         if num_keys - c > ring:
             raise ValueError(f"eagle_fx.shared_cached_attention: {num_keys - c} uncommitted positions > ring size {ring}")
-        nb = -(-c // block_size)
-        kv = base[:, block_table[s, :nb]].reshape(2, nb * block_size, kvh, d)[:, :c]
-        if num_keys > c:
-            kv = torch.cat([kv, spec_kv[:, rows[s], torch.arange(c, num_keys, device=pos.device) % ring]], dim=1)
-        kv = kv.transpose(1, 2)
-        if kv.dtype != q.dtype:
-            kv = kv.to(q.dtype)
         first = ends[s] + 1 - (b - a)
-        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], kv[0][None], kv[1][None], pos[a:b], first, scale, sliding_window)
+        read = _shared_reader(_paged_reader(kv_pool[base_layer], block_table[s], q.dtype), spec_kv[:, rows[s]], c,
+                              q.dtype)
+        out[:, :, a:b] = _ragged_sdpa(q[:, :, a:b], read, kvh, num_keys, pos[a:b], first, scale, sliding_window)
     return out
+
+
+def _shared_reader(base: KeyReader, ring: Tensor, committed: int, dtype: torch.dtype) -> KeyReader:
+    """A KeyReader for a KV-sharing draft: positions below `committed` from the base's blocks
+    (`base`), later ones from the sequence's ring [2, R, KVH, D] at slot position % R."""
+    def read(lo: int, hi: int) -> Tensor:
+        parts = [base(lo, min(hi, committed))] if lo < committed else []
+        if hi > committed:
+            slots = torch.arange(max(lo, committed), hi, device=ring.device) % ring.shape[1]
+            parts.append(ring[:, slots].transpose(1, 2).to(dtype))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+    return read
 
 
 def tree_visible_keys(q_pos: Tensor, tree_rows: Tensor, tree_start: Tensor, num_keys: int,
@@ -311,7 +452,7 @@ def tree_cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, 
     mask = tree_visible_keys(q_pos, tree_mask.view(num_seqs, -1, width), tree_start, kv.shape[2], sliding_window)
     if not batch_invariant:
         return _uniform_sdpa(q, kv, mask, scale)
-    heads, total, d = q.shape[1], q.shape[2], q.shape[3]
+    heads, total = q.shape[1], q.shape[2]
     per_seq = total // num_seqs
     out = torch.empty_like(q)
     gqa = kv.shape[-2] != heads

@@ -3,18 +3,26 @@ generate against eagle_fx with whole-prompt and chunked prefill: seconds, peak r
 the KV pool's bytes, and equality with HF.
 
 Each run is a process of its own (spawned), so each peak RSS (`ru_maxrss`) is that run's alone:
-model, runtime, activations and KV pool together. The growth line compares how much each
-eagle_fx run's peak grows from one length to the next with how much its KV pool grows.
+model, runtime, activations and KV pool together. Every method runs twice: once as is, for its
+seconds (and its peak under glibc's default allocator settings), and once with
+MALLOC_MMAP_THRESHOLD_ fixed at 1 MiB, for its peak memory. With the default, glibc raises its
+mmap threshold as buffers are freed and then keeps freed buffers in the heap, so the peaks of two
+identical runs differ by up to ~100 MB; with the threshold fixed, every buffer of 1 MiB or more is
+returned when freed, and the peak is what the run holds at once (those runs are slower, by their
+page faults, so their seconds are not reported). The growth line compares how much each method's
+peak grows from one length to the next with how much eagle_fx's KV pool grows.
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import time
 
 import torch
 
 METHODS = ("HF generate", "eagle_fx", "eagle_fx chunked")
+MMAP_THRESHOLD = 1 << 20  # bytes: the memory runs' MALLOC_MMAP_THRESHOLD_
 
 
 def _peak_rss_mb() -> float:
@@ -47,14 +55,34 @@ def _one_run(model_dir, eagle_dir, method, prompt, new_tokens, chunk, backend, n
     queue.put({"tokens": out, "seconds": seconds, "peak_rss_mb": _peak_rss_mb(), "kv_pool_mb": pool_bytes / 2**20})
 
 
-def _spawned(*args) -> dict:
+def spawned(target, *args, mmap_threshold: int | None = None) -> dict:
+    """target(*args, queue) in a spawned process, returning what it puts on the queue;
+    mmap_threshold: the process's glibc MALLOC_MMAP_THRESHOLD_ (read when it starts)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_one_run, args=(*args, queue))
-    proc.start()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    if mmap_threshold is not None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
+    try:
+        proc.start()
+    finally:
+        if mmap_threshold is not None:
+            if saved is None:
+                del os.environ["MALLOC_MMAP_THRESHOLD_"]
+            else:
+                os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
     result = queue.get()
     proc.join()
     return result
+
+
+def _timed_and_measured(*args) -> dict:
+    """A method's seconds from a run as is, its peak RSS from a run with the mmap threshold fixed."""
+    timed = spawned(_one_run, *args)
+    measured = spawned(_one_run, *args, mmap_threshold=MMAP_THRESHOLD)
+    return {**timed, "peak_rss_mb": measured["peak_rss_mb"], "peak_rss_default_malloc_mb": timed["peak_rss_mb"],
+            "same_tokens_in_both_runs": measured["tokens"] == timed["tokens"]}
 
 
 def run(args, model_dir, eagle_dir, vocab_size: int, backend: str) -> dict:
@@ -68,20 +96,26 @@ def run(args, model_dir, eagle_dir, vocab_size: int, backend: str) -> dict:
         row = {"prompt_len": length}
         for method in METHODS:
             print(f"  {length} tokens: {method} ...", flush=True)
-            row[method] = _spawned(model_dir, eagle_dir, method, prompt, new, chunk if "chunked" in method else None,
-                                   backend, args.num_spec_tokens)
+            row[method] = _timed_and_measured(model_dir, eagle_dir, method, prompt, new,
+                                              chunk if "chunked" in method else None, backend, args.num_spec_tokens)
         ref = row["HF generate"]["tokens"]
         row["equal_to_hf"] = {m: row[m]["tokens"] == ref for m in METHODS[1:]}
         rows.append(row)
     print(f"\nlong context: one random prompt per length, {new} new tokens, k={args.num_spec_tokens}, backend {backend}, "
-          f"chunked prefill {chunk} tokens per chunk; peak RSS of each run's own process")
-    print(f"{'prompt':>8}{'HF s':>8}{'HF MB':>8}{'eagle_fx s':>12}{'MB':>8}{'chunked s':>11}{'MB':>8}{'KV pool MB':>12}"
-          f"{'== HF':>14}")
+          f"chunked prefill {chunk} tokens per chunk; seconds from a run as is, peak RSS (MB) of a second run "
+          f"with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD} (freed buffers leave the RSS), in brackets the first run's "
+          f"peak under glibc's default settings (varies by up to ~100 MB between identical runs)")
+    print(f"{'prompt':>8}{'HF s':>8}{'HF MB':>13}{'eagle_fx s':>12}{'MB':>13}{'chunked s':>11}{'MB':>13}"
+          f"{'KV pool MB':>12}{'== HF':>10}")
+
+    def mb(run):
+        return f"{run['peak_rss_mb']:.0f} ({run['peak_rss_default_malloc_mb']:.0f})"
+
     for r in rows:
         e, c, h = r["eagle_fx"], r["eagle_fx chunked"], r["HF generate"]
         same = "/".join("yes" if r["equal_to_hf"][m] else "NO" for m in METHODS[1:])
-        print(f"{r['prompt_len']:>8}{h['seconds']:>8.1f}{h['peak_rss_mb']:>8.0f}{e['seconds']:>12.1f}{e['peak_rss_mb']:>8.0f}"
-              f"{c['seconds']:>11.1f}{c['peak_rss_mb']:>8.0f}{e['kv_pool_mb']:>12.1f}{same:>14}")
+        print(f"{r['prompt_len']:>8}{h['seconds']:>8.1f}{mb(h):>13}{e['seconds']:>12.1f}{mb(e):>13}"
+              f"{c['seconds']:>11.1f}{mb(c):>13}{e['kv_pool_mb']:>12.1f}{same:>10}")
     growth = []
     for a, b in zip(rows, rows[1:]):
         pool = b["eagle_fx"]["kv_pool_mb"] - a["eagle_fx"]["kv_pool_mb"]
@@ -94,6 +128,8 @@ def run(args, model_dir, eagle_dir, vocab_size: int, backend: str) -> dict:
               + (f" (chunked: {entry['eagle_fx chunked'] / pool:.2f}x the pool's growth)" if pool > 0 else ""))
     if not all(all(r["equal_to_hf"].values()) for r in rows):
         print("long context: some outputs differ from HF greedy (see == HF)")
+    if not all(r[m]["same_tokens_in_both_runs"] for r in rows for m in METHODS):
+        print("long context: a method's two runs (timed, measured) generated different tokens")
     for r in rows:
         for m in METHODS:
             r[m] = {k: v for k, v in r[m].items() if k != "tokens"}
