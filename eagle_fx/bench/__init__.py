@@ -33,6 +33,11 @@ def header(args, model_dir, eagle_dir, base, draft, backend: str) -> str:
     decoding = "greedy" if args.temp == 0 else f"sampling (temperature {args.temp}, top-p {args.top_p}, top-k {args.top_k})"
     dataset = (f"random, {args.input_len} tokens" if args.dataset_name == "random" else args.dataset_name) + \
         f", {args.num_prompts} prompts, up to {args.output_len} new tokens"
+    if args.long_context:
+        from eagle_fx.bench.modes.long_context import new_tokens
+
+        dataset = (f"one random prompt of each of {','.join(map(str, args.long_context))} tokens, "
+                   f"{new_tokens(args)} new tokens")
     checked = ("outputs checked against HF greedy" if args.compare or args.throughput_batch_sizes or args.long_context
                else "outputs not checked against HF here (add --compare)")
     chain = f"tree {args.draft_tree}" if args.draft_tree else f"k={args.num_spec_tokens}"

@@ -25,6 +25,11 @@ METHODS = ("HF generate", "eagle_fx", "eagle_fx chunked")
 MMAP_THRESHOLD = 1 << 20  # bytes: the memory runs' MALLOC_MMAP_THRESHOLD_
 
 
+def new_tokens(args) -> int:
+    """Tokens each long-context run generates: --output-len, at most 16."""
+    return min(args.output_len, 16)
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
@@ -88,7 +93,7 @@ def _timed_and_measured(*args) -> dict:
 def run(args, model_dir, eagle_dir, vocab_size: int, backend: str) -> dict:
     lengths = args.long_context
     chunk = args.prefill_chunk_size or 2048
-    new = min(args.output_len, 16)
+    new = new_tokens(args)
     g = torch.Generator().manual_seed(args.seed)
     rows = []
     for length in lengths:
