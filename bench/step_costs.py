@@ -32,7 +32,7 @@ def mean_latency(stats, graph: str) -> float:
 
 def timed_cycle(model, prompts, output_len: int) -> float:
     """Mean seconds per one-function cycle call of `model` over a profiled generate of `prompts`."""
-    model.generate(prompts[:1], max_new_tokens=8)  # a lazily compiled cycle compiles here
+    model.generate(prompts, max_new_tokens=output_len)  # a lazily compiled cycle compiles here, for every shape
     return mean_latency(model.generate(prompts, max_new_tokens=output_len, profile=True).stats, "chain_cycle")
 
 

@@ -155,7 +155,8 @@ def test_chunked_prefill_attention_memory_does_not_grow_with_the_context(monkeyp
 def test_device_side_attention_in_key_chunks_equals_one_read(monkeypatch, lens_before, per_seq, window, fused):
     """The device-side (uniform) attention of a long context, not compiled, reads the block table in
     key chunks (here 1 block of 4 keys each) merged by log-sum-exp: == reading every sequence's
-    whole table at once, for batches, GQA, windows (2: rows with no visible key in a chunk)."""
+    whole table at once, for batches, GQA, windows (2: rows with no visible key in a chunk), and
+    returns q's layout."""
     from eagle_fx.ops import canonical
 
     q, k, v, pool, slots, bt, qsl, pos = _case(lens_before, per_seq)
@@ -164,8 +165,10 @@ def test_device_side_attention_in_key_chunks_equals_one_read(monkeypatch, lens_b
     monkeypatch.setattr(canonical, "KV_READ_LIMIT", 2 * len(lens_before) * 4 * 2 * 8)  # one block per chunk
     if not fused:
         monkeypatch.setattr(canonical, "CHUNK_ATTENTION", {})
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a projection's layout: [1, T, H, D] seen as [1, H, T, D]
     chunked = cached_attention_ref(q, k, v, pool, 1, slots, bt, qsl, pos, 0.3, window, uniform_queries=True)
     torch.testing.assert_close(chunked, once, rtol=1e-5, atol=1e-5)
+    assert chunked.stride() == q.stride()  # the fake kernel's promise (empty_like(q)): compiled graphs assert it
     torch.testing.assert_close(pool, pool_once)
 
 
@@ -191,3 +194,38 @@ def test_device_side_attention_memory_does_not_grow_with_the_context():
     short, long = largest(short_context), largest(4 * short_context)
     assert long == short
     assert long < 2 * (4 * short_context) * kvh * d * 4 / 4
+
+
+def test_compiled_layers_write_the_pool_in_place():
+    """Several layers' device-side attention compiled into one graph (as in a cycle) write the KV
+    pool in place: inductor's code has no loop over the whole pool (an index_put_ into a view of
+    the pool made it copy the pool in and out on every call: two loops of pool.numel()), and the
+    result and the pool are the eager ones."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    g = torch.Generator().manual_seed(0)
+    layers, heads, kvh, d, block_size, blocks = 3, 4, 2, 8, 4, 512
+    pool = torch.randn(layers, 2, blocks, block_size, kvh, d, generator=g)
+    table = torch.tensor([[7, 3, 9, 1]])
+    pos = torch.tensor([[13]])
+    slots = table[0, pos[0] // block_size] * block_size + pos[0] % block_size
+    q, k, v = (torch.randn(1, h, 1, d, generator=g) for h in (heads, kvh, kvh))
+
+    def step(q, k, v, pool, slots, table, pos):
+        out = q
+        for layer in range(layers):
+            out = cached_attention_ref(out, k, v, pool, layer, slots, table, torch.tensor([0, 1]), pos, 0.3, 0,
+                                       uniform_queries=True)
+        return out
+
+    eager_pool = pool.clone()
+    want = step(q, k, v, eager_pool, slots, table, pos)
+    with torch.no_grad():
+        got, code = run_and_get_code(torch.compile(step, fullgraph=True, backend="inductor"), q, k, v, pool, slots,
+                                     table, pos)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(pool, eager_pool)
+    loop_bounds = [int(b) for b in re.findall(r"x\d+<static_cast<int64_t>\((\d+)L\)", "".join(code))]
+    assert loop_bounds and max(loop_bounds) < pool.numel() // 8
