@@ -112,16 +112,24 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, scale: float, sliding_window:
 
 def _write_kv(kv_pool: Tensor, layer: int, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
     """k/v [1, KVH, T, D] into layer `layer` of kv_pool [layers, 2, blocks, block_size, KVH, D] at
-    slot_mapping [T]: one index_put_ into the pool input itself, indexed on its own dimensions
-    (layer, side, block, offset). Traced into a compiled graph that writes the pool more than once
-    (a cycle: every layer, the verify and the draft), this stays in place; an index_put_ into a
-    view of the pool (a flattened view, or one layer's) made inductor copy the whole pool on every
-    call (measured: a 256 MB pool, 4 layers: 0.4 ms in place, 140 ms with the copy)."""
-    block_size, n = kv_pool.shape[3], slot_mapping.shape[0]
-    blocks, offsets = (slot_mapping // block_size).repeat(2), (slot_mapping % block_size).repeat(2)
-    sides = torch.arange(2, device=slot_mapping.device).repeat_interleave(n)  # K rows, then V rows
-    values = torch.cat([k[0].transpose(0, 1), v[0].transpose(0, 1)]).to(kv_pool.dtype)  # [2T, KVH, D]
-    kv_pool.index_put_((torch.full_like(blocks, layer), sides, blocks, offsets), values)
+    slot_mapping [T], in place.
+
+    Traced into a compiled graph: one index_put_ into the pool input itself, indexed on its own
+    dimensions (layer, side, block, offset). A graph that writes the pool more than once (a cycle:
+    every layer, the verify and the draft) then stays in place; an index_put_ into a view of the
+    pool (flattened, or one layer's) made inductor copy the whole pool in and out on every call
+    (measured: a 256 MB pool, 4 layers: 0.4 ms in place, 140 ms with the copies). Run eagerly:
+    one index_put_ into a flattened view, which is in place there and takes fewer small ops."""
+    kvh, d, block_size, n = k.shape[1], k.shape[3], kv_pool.shape[3], slot_mapping.shape[0]
+    values = torch.cat([k[0].transpose(0, 1), v[0].transpose(0, 1)]).to(kv_pool.dtype)  # [2T, KVH, D]: K rows, V rows
+    if torch.compiler.is_compiling():
+        blocks, offsets = (slot_mapping // block_size).repeat(2), (slot_mapping % block_size).repeat(2)
+        sides = torch.arange(2, device=slot_mapping.device).repeat_interleave(n)
+        kv_pool.index_put_((torch.full_like(blocks, layer), sides, blocks, offsets), values)
+        return
+    side = kv_pool.shape[2] * block_size  # slots per layer and side
+    first = layer * 2 * side
+    kv_pool.view(-1, kvh, d).index_put_((torch.cat([slot_mapping + first, slot_mapping + (first + side)]),), values)
 
 
 def _paged_keys(pool: Tensor, block_table: Tensor, dtype: torch.dtype) -> Tensor:
