@@ -164,9 +164,7 @@ def _uniform_in_key_chunks(q: Tensor, pool: Tensor, block_table: Tensor, q_pos: 
     attend = CHUNK_ATTENTION.get(q.device.type, _chunk_attention_softmax)
     acc = lse = None
     for j in range(0, width, chunk_blocks):
-        kv = pool[:, block_table[:, j:j + chunk_blocks]].flatten(2, 3).transpose(2, 3)  # [2, B, KVH, c, D]
-        if kv.dtype != q.dtype:
-            kv = kv.to(q.dtype)
+        kv = _paged_keys(pool, block_table[:, j:j + chunk_blocks], q.dtype).transpose(2, 3)  # [2, B, KVH, c, D]
         visible = visible_keys(q_pos, kv.shape[3], sliding_window, first_key=j * block_size)  # [B, P, c]
         visible = visible.repeat(1, group, 1)[:, None]  # [B, 1, G P, c]
         part, part_lse = attend(qg, kv[0], kv[1], visible, scale)
