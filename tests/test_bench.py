@@ -214,3 +214,33 @@ def test_long_context_memory_runs_get_the_fixed_mmap_threshold(monkeypatch):
     assert spawned(_report_malloc_setting, mmap_threshold=MMAP_THRESHOLD)["threshold"] == str(MMAP_THRESHOLD)
     assert "MALLOC_MMAP_THRESHOLD_" not in __import__("os").environ
     assert spawned(_report_malloc_setting)["threshold"] is None
+
+
+def test_bench_real_proportions_mode(tmp_path, monkeypatch, capsys):
+    """--synthetic-acceptance on a small stand-in for a real config (the real ones take minutes):
+    HF greedy, CTranslate2 fp32 and eagle_fx k=0 agree token for token (eos off); the speculative
+    row's acceptance follows its coin (P=1: every draft accepted, tau = k+1 exactly) and is marked
+    as not comparable; the verify/decode cost ratio is reported."""
+    from eagle_fx.bench.modes import real_proportions
+
+    monkeypatch.setenv("EAGLE_FX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(real_proportions.BASE_CONFIGS, "qwen2.5-0.5b", (
+        "Qwen2Config", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, tie_word_embeddings=True)))
+    out = tmp_path / "real.json"
+    bench_main(["--synthetic-acceptance", "1", "--backend", "eager", "--num-prompts", "3", "--input-len", "12",
+                "--output-len", "12", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "the speculative rows' output is NOT the base's greedy decode" in printed
+    r = json.loads(out.read_text())["real_proportions"]
+    assert r["mean_acceptance_length"] == 4.0 == r["expected_tau"]
+    rows = {row["method"]: row for row in r["rows"]}
+    assert rows["eagle_fx without speculation (k=0, eager)"]["prompts_equal_hf"] == "3/3"
+    assert rows["eagle_fx (k=3, eager, synthetic acceptance P=1.0)"]["prompts_equal_hf"] is None
+    if "CTranslate2 fp32" in rows:  # the peers extra (in the test extra)
+        assert rows["CTranslate2 fp32"]["prompts_equal_hf"] == "3/3"
+    assert r["verify_ms"] > 0 and r["decode_ms"] > 0
+    with pytest.raises(SystemExit, match=r"--synthetic-acceptance takes a probability in \[0, 1\]"):
+        bench_main(["--synthetic-acceptance", "1.2"])
+    with pytest.raises(SystemExit, match="--synthetic-acceptance is a mode of its own .*drop --compare"):
+        bench_main(["--synthetic-acceptance", "0.8", "--compare"])

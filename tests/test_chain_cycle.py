@@ -147,3 +147,29 @@ def test_no_host_syncs_inside_a_generates_cycles():
     assert "aten::_local_scalar_dense" in names  # syncs are seen (outside the cycles): the count can fail
     assert _syncs_inside(prof, "eagle_fx_chain_cycle") == []
     assert greedy.sequences == hf_greedy("llama", prompts, 12)
+
+
+def test_synthetic_acceptance_follows_its_coin():
+    """The bench's real-proportions mode: acceptance by a coin of probability P inside the real cycle.
+    Oracles: P=0 accepts nothing, so every token is the base's own argmax (== HF greedy); P=1 accepts
+    every draft (mean acceptance length k+1 exactly); P=0.5 gives 1 + P + P^2 + P^3 within 4 sigma."""
+    prompts = make_prompts(3)
+    model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), num_spec_tokens=3)
+    cycle = model.chain_cycle
+    cycle.use_synthetic_acceptance(0.0)
+    out = model.generate(prompts, max_new_tokens=12, eos_token_id=None)
+    assert out.sequences == hf_greedy("llama", prompts, 12)
+    assert out.stats.num_accepted_tokens == 0
+    cycle.use_synthetic_acceptance(1.0)
+    out = model.generate(prompts, max_new_tokens=33, eos_token_id=None)
+    assert out.stats.mean_acceptance_length == 4.0
+    cycle.use_synthetic_acceptance(0.5, seed=3)
+    out = model.generate(prompts * 4, max_new_tokens=100, eos_token_id=None)
+    drafts = out.stats.num_drafts
+    expected = 1 + 0.5 + 0.25 + 0.125
+    accepted_sd = (sum((i + 1) ** 2 * p for i, p in enumerate([0.25, 0.125, 0.125])) - (expected - 1) ** 2) ** 0.5
+    assert abs(out.stats.mean_acceptance_length - expected) < 4 * accepted_sd / drafts ** 0.5
+    with pytest.raises(ValueError, match="runs greedy only"):
+        model.generate(prompts, max_new_tokens=4, temperature=0.7)
+    with pytest.raises(ValueError, match="a probability in"):
+        cycle.use_synthetic_acceptance(1.5)

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from eagle_fx.bench.args import add_args, check_args
-from eagle_fx.bench.modes import (kv_share, long_context, main as main_mode, multiturn, random_mm, shift_table,
-                                  throughput, tree_vs_chain)
+from eagle_fx.bench.modes import (kv_share, long_context, main as main_mode, multiturn, random_mm, real_proportions,
+                                  shift_table, throughput, tree_vs_chain)
 from eagle_fx.bench.prompts import load_prompts
 from eagle_fx.bundled import BUNDLED, check_pair_dirs, load_pair, pair_dirs
 
@@ -50,6 +50,9 @@ def run(args) -> dict:
     """Check the flags, load the pair, run the mode they pick; returns (and with --json writes) the result."""
     check_args(args)
     torch.manual_seed(args.seed)
+    if args.synthetic_acceptance is not None:  # its own random base: the pair's folders are not read
+        backend = "eager" if args.enforce_eager else args.backend
+        return _finish(args, real_proportions.run(args, backend))
     model_dir, eagle_dir = pair_dirs(args.model_dir, args.eagle_dir, args.method)
     check_pair_dirs(model_dir, eagle_dir)
     tokenizer, base, draft = load_pair(model_dir, eagle_dir)
@@ -73,9 +76,14 @@ def run(args) -> dict:
         elif args.tree_vs_chain:
             result = tree_vs_chain.run(args, base, draft, prompts, eos, backend)
         elif args.throughput_batch_sizes:
-            result = throughput.run(args, base, draft, tokenizer, prompts, backend)
+            result = throughput.run(args, model_dir, base, draft, tokenizer, prompts, backend)
         else:
             result = main_mode.run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend)
+    return _finish(args, result)
+
+
+def _finish(args, result: dict) -> dict:
+    """The run's flags and figures (with --json written to that file)."""
     result = {"config": dict(vars(args)), **result}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,16 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          "and chunked prefill (--prefill-chunk-size, default 2048), each in a process of its own, "
                          "twice (seconds from a run as is, peak RSS from a run with glibc's mmap threshold fixed at "
                          "1 MiB): seconds, peak RSS, KV pool size, equality with HF; at most 16 new tokens")
+    ap.add_argument("--synthetic-acceptance", type=float, default=None, metavar="P",
+                    help="speed at a real model's proportions: a random base built from --base-config's sizes and "
+                         "a fresh EAGLE-1 draft, acceptance decided per draft position by a seeded coin of "
+                         "probability P (tau = 1 + P + ... + P^k; P=0.81 gives about 3 at k=3) instead of by "
+                         "matching, so its speculative output is NOT the base's greedy; HF greedy, CTranslate2 fp32 "
+                         "and eagle_fx k=0 (checked against HF) side by side, and the verify/decode cost ratio. "
+                         "Random prompts of --input-len tokens; --num-prompts and --output-len default to 8 and 32 here")
+    ap.add_argument("--base-config", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "llama-1b"],
+                    help="with --synthetic-acceptance: whose sizes the random base takes (vocabulary cut to 32k): "
+                         "Qwen2.5-0.5B (387M parameters then, 1.5 GB in fp32) or Llama-3.2-1B (1.0B, 4.2 GB)")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
@@ -95,6 +105,18 @@ def check_args(args) -> None:
     if args.long_context is not None:
         args.long_context = _positive_ints(args.long_context, "--long-context", "prompt lengths like 2048,8192,32768")
         _alone(args, "--long-context", "is a mode of its own (greedy chains, random prompts)")
+    if args.synthetic_acceptance is not None:
+        if not 0 <= args.synthetic_acceptance <= 1:
+            raise SystemExit(f"eagle-fx bench: --synthetic-acceptance takes a probability in [0, 1], got "
+                             f"{args.synthetic_acceptance}")
+        _alone(args, "--synthetic-acceptance", "is a mode of its own (greedy chains, random prompts)",
+               ("--dataset-name random",))
+        if args.draft_tree is not None:
+            raise SystemExit("eagle-fx bench: --synthetic-acceptance measures chains; drop --draft-tree")
+        if args.num_prompts == 80:  # the parser's defaults, sized for the tiny pairs
+            args.num_prompts = 8
+        if args.output_len == 64:
+            args.output_len = 32
     if args.plot is not None:
         from eagle_fx.bench.plot import check_available
 
@@ -111,6 +133,7 @@ def _mode_flags(args) -> list[str]:
              ("--compare", args.compare), ("--shift-table", args.shift_table), ("--kv-share", args.kv_share is not None),
              ("--temp", args.temp > 0), ("--throughput-batch-sizes", args.throughput_batch_sizes is not None),
              ("--long-context", args.long_context is not None),
+             ("--synthetic-acceptance", args.synthetic_acceptance is not None),
              (f"--dataset-name {args.dataset_name}", args.dataset_name != "sharegpt")]
     return [flag for flag, on in flags if on]
 

@@ -17,6 +17,7 @@ tensors come from the call's generator outside the graph, so the graph itself is
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 
@@ -40,6 +41,9 @@ class CycleSettings:
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0
     top_p: float = 1.0
+    # the bench's real-proportions mode only: each draft position accepted by a coin of this
+    # probability (from `uniforms`), not by matching; the output is then NOT the base's greedy
+    synthetic_acceptance: float | None = None
 
 
 def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, pools: dict, pending: torch.Tensor,
@@ -86,7 +90,11 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
     drafts = torch.stack(tokens, dim=1)
     num_seqs = drafts.shape[0]
     logits, features = run("verify", verify_inputs(pending, drafts, committed_len, block_table, block_size))
-    if is_greedy:
+    if settings.synthetic_acceptance is not None:  # bench only: acceptance by a coin, cost as in a real cycle
+        target = greedy(logits).view(num_seqs, k + 1)
+        accepted = (uniforms < settings.synthetic_acceptance).long().cumprod(dim=1).sum(dim=1)
+        next_token = target.gather(1, accepted[:, None])[:, 0]
+    elif is_greedy:
         accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
     else:
         accepted, next_token = rejection_accept_drawn(drafts, torch.stack(draft_probs, dim=1),
@@ -113,13 +121,24 @@ class ChainCycle:
         self.graphs, self.signatures, self.spec, self.compile = graphs, signatures, spec, compile
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
         self._fns: dict[CycleSettings, object] = {}
+        self._coin: torch.Generator | None = None  # set by use_synthetic_acceptance (the bench)
+
+    def use_synthetic_acceptance(self, probability: float, seed: int = 0) -> None:
+        """Bench only (`eagle-fx bench --synthetic-acceptance P`): from now on, greedy cycles accept
+        each draft position with a seeded coin of `probability` (so the mean acceptance length is
+        1 + P + ... + P^k) instead of by matching the base's argmax; drafts, verify and extend run
+        as usual. The output is then not the base's greedy decode."""
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"synthetic acceptance must be a probability in [0, 1], got {probability!r}")
+        self.base_settings = dataclasses.replace(self.base_settings, synthetic_acceptance=float(probability))
+        self._coin = torch.Generator(device=self.spec.device).manual_seed(seed)
 
     def _fn(self, settings: CycleSettings):
         fn = self._fns.get(settings)
         if fn is None:
             fn = partial(chain_cycle, self.graphs, self.signatures, self.spec, settings)
             if self.compile:
-                fn = compile_dynamic(fn, fullgraph=True)
+                fn = compile_dynamic(fn, fullgraph=True, device=self.spec.device, cpp_wrapper=True)
             self._fns[settings] = fn
         return fn
 
@@ -127,10 +146,14 @@ class ChainCycle:
                  draft_hidden):
         settings = self.base_settings
         if not sampler.is_greedy:
+            if settings.synthetic_acceptance is not None:
+                raise ValueError("synthetic acceptance (a bench mode) runs greedy only")
             settings = CycleSettings(settings.num_spec_tokens, settings.draft_offset, settings.block_size,
                                      sampler.temperature, sampler.top_k, sampler.top_p)
         num_seqs, k = pending.shape[0], settings.num_spec_tokens
         uniforms = noise = None
+        if settings.synthetic_acceptance is not None:
+            uniforms = torch.rand(num_seqs, k, generator=self._coin, device=pending.device)
         if not sampler.is_greedy:
             uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=pending.device)
             noise = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=pending.device).exponential_(

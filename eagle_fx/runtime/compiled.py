@@ -8,6 +8,14 @@ instead, as in eagle_fx.export (the captured step graphs run at any size >= 1), 
 serves every batch, token count and table width. Every call, not only the first, runs with these
 settings, since a recompile traces again.
 
+Weights are frozen into the compiled code (inductor's `freezing`: parameters become constants,
+folded and pre-packed), and on a CPU every matmul is chosen by autotuning between inductor's C++
+GEMM template (weights packed into its blocked layout once, at compile time) and ATen's MKL /
+oneDNN calls. On a small-batch decode this is what makes a step cost what reading its weights
+costs: one-row linears through MKL's sgemm cost 3-5x more on this project's CPU (bench/step_costs.py
+prints the breakdown). The price: the compiled graphs hold a packed copy of the weights, and a
+change to the model's weights after compile is not seen (compile again).
+
 Python floats (a sampler's temperature, top_p) are specialised from the start: traced as symbolic
 floats they make inductor restart the whole trace once to specialise them anyway (about 7 s of a
 cold compile of the chain cycle on a 2-core CPU).
@@ -18,17 +26,32 @@ import functools
 
 import torch
 from torch._dynamo import config as dynamo_config
+from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 
-def compile_dynamic(fn, fullgraph: bool = False):
-    """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd."""
+def frozen_weights_config(device: torch.device | str, cpp_wrapper: bool = False) -> dict:
+    """inductor settings for graphs whose weights are constants: freezing, and on a CPU the
+    autotuned choice between the C++ GEMM template and ATen for every matmul; cpp_wrapper (CPU):
+    the compiled graph's calling code in C++ instead of Python (for graphs of ATen ops only: the
+    chain cycle, about 7% faster per k=0 token on the bundled pair, interleaved A/B)."""
+    settings = {"freezing": True}
+    if torch.device(device).type == "cpu":
+        settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", cpp_wrapper=cpp_wrapper)
+    return settings
+
+
+def compile_dynamic(fn, fullgraph: bool = False, device: torch.device | str = "cpu", cpp_wrapper: bool = False):
+    """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd,
+    the weights of the modules fn calls frozen (frozen_weights_config for `device`)."""
     compiled = torch.compile(fn, backend="inductor", dynamic=True, fullgraph=fullgraph)
+    settings = frozen_weights_config(device, cpp_wrapper)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        # inductor reads these when it compiles, which happens inside a call (the first, or a recompile)
         with (torch.no_grad(), fx_config.patch(use_duck_shape=False, backed_size_oblivious=True),
-              dynamo_config.patch(specialize_float=True)):
+              dynamo_config.patch(specialize_float=True), inductor_config.patch(settings)):
             return compiled(*args, **kwargs)
 
     return call

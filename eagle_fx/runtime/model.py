@@ -223,10 +223,13 @@ class SpeculativeModel:
     def warmup(self) -> None:
         """Call every step graph once per shape class it will see (1 vs many tokens, sequences,
         logits rows), so a compiling backend does its work here and not inside a timed generate.
-        Runs on scratch pools: this model's KV and prefix cache are untouched."""
+        Runs on scratch pools: this model's KV and prefix cache are untouched. With max_batch_size=1
+        only one-sequence shapes (a model replace() makes with a larger batch compiles the others
+        when it first meets them)."""
         scratch = self.replace()
         compiled_cycle = self.chain_cycle is not None and self.chain_cycle.compile
-        for lens in ([1], [3], [1, 1], [2, 3]):
+        batch = self.options.max_batch_size
+        for lens in [lens for lens in ([1], [3], [1, 1], [2, 3]) if len(lens) <= batch]:
             for name in self.callables:
                 if compiled_cycle and name in ("draft_step", "verify"):
                     continue  # they run inside the compiled cycle (compiled on their own when first called)
@@ -243,7 +246,7 @@ class SpeculativeModel:
             draft_hidden = spec.draft_hidden_size
             if not self.speculates:  # no draft: empty placeholders pass through the cycle
                 draft_vocab = draft_hidden = 0
-            for num_seqs in (1, 2):
+            for num_seqs in (1, 2)[:batch]:
                 table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:num_seqs, :2] % kv.num_blocks
                 scratch.chain_cycle(Sampler(), kv.pools_by_side(), torch.zeros(num_seqs, **long),
                                     torch.ones(num_seqs, **long), table, torch.zeros(num_seqs, **long),

@@ -1,7 +1,9 @@
-"""--compare: HF greedy, HF static cache + torch.compile, HF assisted generation, eagle_fx without
-speculation (num_spec_tokens=0: the same graphs and backend, the base alone) and eagle_fx on the same
-prompts: tokens/s, speedup over HF greedy, and outputs equal to HF greedy. The HF baselines run one
-prompt at a time, both eagle_fx rows at --max-num-seqs.
+"""--compare: HF greedy, HF static cache + torch.compile, HF assisted generation, CTranslate2 (fp32,
+exact; int8, lossy; each in a process of its own), eagle_fx without speculation (num_spec_tokens=0:
+the same graphs and backend, the base alone) and eagle_fx on the same prompts: tokens/s, speedup
+over HF greedy, and outputs equal to HF greedy. The baselines run one prompt at a time, both
+eagle_fx rows at --max-num-seqs. "Fastest baseline" is the fastest exact one: HF's rows and
+CTranslate2 fp32 (int8 is shown, not counted: its outputs are not the base's greedy).
 
 Speedup / tau: eagle_fx's speedup over its own plain decode divided by the mean acceptance length
 tau (tokens per verify); 1 would be speculation at no cost beyond the verify of one token (vLLM
@@ -12,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from eagle_fx.bench import ctranslate2_peer
 from eagle_fx.bench.hf_baselines import hf_assisted, hf_greedy, hf_static_compiled
 from eagle_fx.bench.timing import timed
 from eagle_fx.bundled import BUNDLED
@@ -29,11 +32,34 @@ def plain_decode(args, model, prompts, eos):
     return timed(generate_batch, prompts, "eagle_fx k=0", args.max_num_seqs)
 
 
-def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model, tau: float) -> list[dict]:
+def peer_rows(model_dir, prompts, output_len: int, eos, batch_size: int = 1) -> list[tuple]:
+    """CTranslate2's rows (method, outputs, seconds), fp32 then int8 (lossy), each decoded in a child
+    process; [] with a one-line note when ctranslate2 is not installed."""
+    missing = ctranslate2_peer.available()
+    if missing:
+        print(f"note: {missing}", file=sys.stderr)
+        return []
+    rows = []
+    for compute_type, label in (("float32", "CTranslate2 fp32"), ("int8", "CTranslate2 int8 (lossy)")):
+        print(f"{label}: decoding in a child process", file=sys.stderr, flush=True)
+        outputs, seconds = ctranslate2_peer.run_peer(model_dir, prompts, output_len, eos, batch_size, compute_type)
+        rows.append((label, outputs, seconds))
+    return rows
+
+
+def run(args, model_dir, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model, tau: float) -> list[dict]:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     n_tokens = lambda seqs: sum(map(len, seqs))  # noqa: E731
     rows = []  # (method, output tokens, seconds, outputs, setup seconds)
+    # eagle_fx's own plain decode first, next to the eagle_fx run: timed after HF's rows (their
+    # torch.compile in this process among them) it once ran at about half its speed (bundled pair)
+    backend = "eager" if args.enforce_eager else args.backend
+    plain_row = None
+    if model.chain_cycle is not None:  # chains (greedy: check_args refuses --compare with --temp)
+        outputs, seconds = plain_decode(args, model, prompts, eos)
+        plain_row = (f"eagle_fx without speculation (k=0, {backend})", n_tokens(outputs), seconds, outputs, 0.0)
+
     greedy = hf_greedy(base, eos, pad, args.output_len)
     greedy([prompts[0]])  # warm-up
     reference, seconds = timed(greedy, prompts, "HF greedy")
@@ -54,21 +80,19 @@ def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, m
         rows.append((f"HF assisted ({assistant_dir.name})", n_tokens(outputs), seconds, outputs, 0.0))
     else:
         print(f"note: no assistant model at {assistant_dir}; HF assisted generation skipped", file=sys.stderr)
-    backend = "eager" if args.enforce_eager else args.backend
-    plain_row = None
-    if model.chain_cycle is not None:  # chains (greedy: check_args refuses --compare with --temp)
-        outputs, seconds = plain_decode(args, model, prompts, eos)
-        plain_row = (f"eagle_fx without speculation (k=0, {backend})", n_tokens(outputs), seconds, outputs, 0.0)
+    for method, outputs, seconds in peer_rows(model_dir, prompts, args.output_len, eos):
+        rows.append((method, n_tokens(outputs), seconds, outputs, 0.0))
     tree = args.draft_tree
     drafting = f"k={args.num_spec_tokens}" if tree is None else f"tree {tree['top_k']},{tree['depth']},{tree['total_tokens']}"
-    hf_rows = len(rows)
+    baseline_rows = [row for row in rows if not row[0].endswith("(lossy)")]
     if plain_row is not None:
         rows.append(plain_row)
     rows.append((f"eagle_fx ({args.method}, {drafting}, {backend})",
                  n_tokens(eagle_sequences), eagle_seconds, eagle_sequences, 0.0))
 
     greedy_tps = rows[0][1] / rows[0][2]
-    fastest_hf_tps = max(ntok / secs for _, ntok, secs, _, _ in rows[:hf_rows])
+    fastest_name, fastest_tps = max(((name, ntok / secs) for name, ntok, secs, _, _ in baseline_rows),
+                                    key=lambda row: row[1])
     table = []
     print("-" * 86)
     print(f"{'method':<44}{'tokens':>8}{'tok/s':>10}{'vs HF':>9}{'== HF greedy':>15}")
@@ -80,8 +104,14 @@ def run(args, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, m
                       "speedup_vs_hf_greedy": tps / greedy_tps, "equal_to_hf_greedy": same == len(reference),
                       "prompts_equal": same, "setup_s": setup_s})
     eagle_tps = rows[-1][1] / rows[-1][2]
-    print(f"eagle_fx vs fastest HF baseline: {eagle_tps / fastest_hf_tps:.2f}x")
-    table.append({"eagle_fx_vs_fastest_hf": eagle_tps / fastest_hf_tps})
+    print(f"eagle_fx vs fastest baseline ({fastest_name}): {eagle_tps / fastest_tps:.2f}x")
+    table.append({"eagle_fx_vs_fastest_baseline": eagle_tps / fastest_tps, "fastest_baseline": fastest_name})
+    peer = next((row for row in rows if row[0] == "CTranslate2 fp32"), None)
+    if peer is not None:
+        peer_tps = peer[1] / peer[2]
+        ratios = {"k=0": plain_row[1] / plain_row[2] / peer_tps if plain_row else None, "eagle_fx": eagle_tps / peer_tps}
+        print("vs CTranslate2 fp32: " + ", ".join(f"{name} {r:.2f}x" for name, r in ratios.items() if r is not None))
+        table.append({"vs_ctranslate2_fp32": ratios})
     if plain_row is not None:
         over_plain = eagle_tps / (plain_row[1] / plain_row[2])
         line = f"eagle_fx vs its own plain decode (k=0, same backend): {over_plain:.2f}x"

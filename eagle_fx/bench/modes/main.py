@@ -58,7 +58,7 @@ def run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend: st
         print("note: --backend inductor compiles each speculative cycle into one graph and decodes faster; it is not "
               "the default because its first compile takes about a minute (less once torch's compile cache is warm)")
     if args.compare:
-        result["compare"] = compare.run(args, base, tokenizer, prompts, sequences, seconds, model,
+        result["compare"] = compare.run(args, model_dir, base, tokenizer, prompts, sequences, seconds, model,
                                         stats.mean_acceptance_length)
     if args.plot:
         from eagle_fx.bench.plot import write
