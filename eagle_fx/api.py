@@ -109,10 +109,7 @@ def _tensor_parallel_rank(base, world: int) -> tuple[int, str]:
 def _backend(gm, backend: str):
     """The step graph as a callable for `backend`; always run without autograd (inference only).
     "triton": the lowered graph runs as is (its kernels are the Triton ops)."""
-    if backend != "inductor":
-        return torch.no_grad()(gm)
-    weight = next(iter(gm.parameters()), None)
-    return compile_dynamic(gm, device=weight.device if weight is not None else "cpu")
+    return compile_dynamic(gm) if backend == "inductor" else torch.no_grad()(gm)
 
 
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001

@@ -70,7 +70,7 @@ def test_bundled_drafts_with_trees_are_lossless(method, score_temperature):
 
 def test_bench_cli_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    bench_main(["--num-prompts", "2", "--output-len", "8", "--json", str(out)])
+    bench_main(["--backend", "eager", "--num-prompts", "2", "--output-len", "8", "--json", str(out)])
     printed = capsys.readouterr().out
     assert printed.startswith("eagle-fx bench: base ") and ("(llama, 4 layers, float32), draft " in printed
                                                             and "(eagle); k=3, backend eager, batch 1; sharegpt, 2 prompts,"
@@ -85,6 +85,15 @@ def test_bench_cli_writes_every_figure(tmp_path, capsys):
     assert r["total_num_output_tokens"] <= 16
 
 
+def test_bench_default_is_the_fast_path():
+    """Plain `eagle-fx bench` compiles with inductor (frozen weights, the one-graph cycle)."""
+    import argparse
+
+    from eagle_fx.bench import add_args
+
+    assert add_args(argparse.ArgumentParser()).parse_args([]).backend == "inductor"
+
+
 def test_bench_refuses_what_it_cannot_do():
     with pytest.raises(SystemExit, match="--compare checks outputs against HF greedy; it needs --temp 0"):
         bench_main(["--temp", "0.8", "--compare"])
@@ -96,7 +105,7 @@ def test_bench_refuses_what_it_cannot_do():
 
 def test_bench_samples_with_temperature(tmp_path):
     out = tmp_path / "sampled.json"
-    bench_main(["--num-prompts", "3", "--output-len", "12", "--temp", "0.8", "--top-k", "40", "--seed", "3",
+    bench_main(["--backend", "eager", "--num-prompts", "3", "--output-len", "12", "--temp", "0.8", "--top-k", "40", "--seed", "3",
                 "--json", str(out)])
     r = json.loads(out.read_text())
     assert r["config"]["temp"] == 0.8
@@ -106,7 +115,7 @@ def test_bench_samples_with_temperature(tmp_path):
 
 def test_bench_tree_vs_chain(tmp_path, capsys):
     out = tmp_path / "tree.json"
-    bench_main(["--num-prompts", "2", "--output-len", "8", "--draft-tree", "2,3,4,0.5", "--tree-vs-chain",
+    bench_main(["--backend", "eager", "--num-prompts", "2", "--output-len", "8", "--draft-tree", "2,3,4,0.5", "--tree-vs-chain",
                 "--json", str(out)])
     printed = capsys.readouterr().out
     assert "tree - chain at equal verify width" in printed
@@ -137,7 +146,7 @@ def test_bench_random_mm(tmp_path, capsys):
     with torch.no_grad():
         assert torch.equal(vlm(input_ids=ids).logits, base(input_ids=ids).logits)
     out = tmp_path / "mm.json"
-    bench_main(["--dataset-name", "random-mm", "--num-prompts", "3", "--output-len", "8", "--json", str(out)])
+    bench_main(["--backend", "eager", "--dataset-name", "random-mm", "--num-prompts", "3", "--output-len", "8", "--json", str(out)])
     rows = json.loads(out.read_text())["random_mm"]
     assert [r["scheme"] for r in rows] == ["shifted", "unshifted"]
     assert all(r["total_num_output_tokens"] > 0 and r["mean_acceptance_length"] > 1.0 for r in rows)
@@ -188,7 +197,7 @@ def test_bench_throughput_arguments_are_checked():
 
 def test_bench_plot_writes_a_png(tmp_path, capsys):
     png = tmp_path / "figs" / "bench.png"
-    bench_main(["--num-prompts", "2", "--output-len", "8", "--plot", str(png)])
+    bench_main(["--backend", "eager", "--num-prompts", "2", "--output-len", "8", "--plot", str(png)])
     assert f"wrote {png}" in capsys.readouterr().out
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -66,7 +66,10 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          "Qwen2.5-0.5B (387M parameters then, 1.5 GB in fp32) or Llama-3.2-1B (1.0B, 4.2 GB)")
     ap.add_argument("--prefix-caching", action="store_true", help="reuse cached KV blocks across prompts")
     ap.add_argument("--prefill-chunk-size", type=int, default=None, help="chunked prefill, tokens per chunk")
-    ap.add_argument("--backend", choices=["eager", "inductor"], default="eager")
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor",
+                    help="inductor (default): each speculative cycle compiled as one graph with frozen weights (a "
+                         "first compile takes minutes on 2 cores, less with torch's compile cache warm); eager: the "
+                         "step graphs op by op, no compile")
     ap.add_argument("--max-num-seqs", type=int, default=1, help="sequences decoded together (batch size)")
     ap.add_argument("--enforce-eager", action="store_true", help="same as --backend eager")
     ap.add_argument("--compare", action="store_true", help="also run the Hugging Face baselines, side by side")

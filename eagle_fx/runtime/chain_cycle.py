@@ -138,7 +138,7 @@ class ChainCycle:
         if fn is None:
             fn = partial(chain_cycle, self.graphs, self.signatures, self.spec, settings)
             if self.compile:
-                fn = compile_dynamic(fn, fullgraph=True, device=self.spec.device, cpp_wrapper=True)
+                fn = compile_dynamic(fn, fullgraph=True, frozen_on=self.spec.device, cpp_wrapper=True)
             self._fns[settings] = fn
         return fn
 

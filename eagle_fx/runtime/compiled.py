@@ -8,13 +8,16 @@ instead, as in eagle_fx.export (the captured step graphs run at any size >= 1), 
 serves every batch, token count and table width. Every call, not only the first, runs with these
 settings, since a recompile traces again.
 
-Weights are frozen into the compiled code (inductor's `freezing`: parameters become constants,
-folded and pre-packed), and on a CPU every matmul is chosen by autotuning between inductor's C++
-GEMM template (weights packed into its blocked layout once, at compile time) and ATen's MKL /
-oneDNN calls. On a small-batch decode this is what makes a step cost what reading its weights
-costs: one-row linears through MKL's sgemm cost 3-5x more on this project's CPU (bench/step_costs.py
-prints the breakdown). The price: the compiled graphs hold a packed copy of the weights, and a
-change to the model's weights after compile is not seen (compile again).
+The decode hot path (the chain cycle: frozen_on=its device) is compiled with its weights frozen
+(inductor's `freezing`: parameters become constants, folded and pre-packed), and on a CPU every
+matmul is chosen by autotuning between inductor's C++ GEMM template (weights packed into its blocked
+layout once, at compile time) and ATen's MKL / oneDNN calls. On a small-batch decode this is what
+makes a step cost what reading its weights costs: one-row linears through MKL's sgemm cost 3-5x
+more on this project's CPU (bench/step_costs.py prints the breakdown). The price: each compiled
+cycle (one per k, and per one / several sequences) holds its own packed copy of the base's and the
+draft's weights, and a change to the model's weights after compile is not seen (compile again).
+The other step graphs (prefill, the graph-by-graph steps) keep the weights as inputs: a prefill's
+many rows are compute-bound, where ATen's GEMMs do well, and they hold no copy.
 
 Python floats (a sampler's temperature, top_p) are specialised from the start: traced as symbolic
 floats they make inductor restart the whole trace once to specialise them anyway (about 7 s of a
@@ -41,11 +44,12 @@ def frozen_weights_config(device: torch.device | str, cpp_wrapper: bool = False)
     return settings
 
 
-def compile_dynamic(fn, fullgraph: bool = False, device: torch.device | str = "cpu", cpp_wrapper: bool = False):
-    """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd,
-    the weights of the modules fn calls frozen (frozen_weights_config for `device`)."""
+def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str | None = None,
+                    cpp_wrapper: bool = False):
+    """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd.
+    frozen_on (a device): the weights of the modules fn calls frozen (frozen_weights_config)."""
     compiled = torch.compile(fn, backend="inductor", dynamic=True, fullgraph=fullgraph)
-    settings = frozen_weights_config(device, cpp_wrapper)
+    settings = frozen_weights_config(frozen_on, cpp_wrapper) if frozen_on is not None else {}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

@@ -221,11 +221,16 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
         if not keep:
             break
         if cycle is not None:  # the cycle extended every sequence already: keep the ones still decoding
-            kept = torch.tensor(keep, **long)
-            batch = replace(batch, seqs=[batch.seqs[row] for row in keep], wave_rows=batch.wave_rows[kept],
-                            pending=next_t[kept], committed_len=(batch.committed_len + accepted_t + 1)[kept],
+            all_kept = len(keep) == batch.size  # then no row selection (a few small ops fewer per cycle)
+            kept = slice(None) if all_kept else torch.tensor(keep, **long)
+            batch = replace(batch, seqs=batch.seqs if all_kept else [batch.seqs[row] for row in keep],
+                            wave_rows=batch.wave_rows[kept], pending=next_t[kept],
+                            committed_len=(batch.committed_len + accepted_t + 1)[kept],
                             draft_logits=extend_logits[kept], draft_hidden=extend_hidden[kept])
         else:
             batch = extend_draft(model, call, wave, batch, verified, keep)
+            all_kept = False
         longest = max(committed[row] + accepted[row] + 1 for row in keep)
-        batch = replace(batch, block_table=decode_table(model, wave, batch.wave_rows, longest))
+        width = model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
+        if not (all_kept and width == batch.block_table.shape[1] and not model.static_steps):  # else the same table
+            batch = replace(batch, block_table=decode_table(model, wave, batch.wave_rows, longest))

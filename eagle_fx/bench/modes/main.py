@@ -54,9 +54,9 @@ def run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend: st
           f"{prof['prefill']:.1f}s, draft {prof['draft']:.1f}s, verify {prof['verify']:.1f}s, whole cycles (draft + verify "
           f"+ acceptance as one function) {prof['cycle']:.1f}s, host {prof['host']:.1f}s")
 
-    if args.backend == "eager":
-        print("note: --backend inductor compiles each speculative cycle into one graph and decodes faster; it is not "
-              "the default because its first compile takes about a minute (less once torch's compile cache is warm)")
+    if backend == "eager":
+        print("note: the default, --backend inductor, compiles each speculative cycle into one graph with frozen "
+              "weights and decodes several times faster")
     if args.compare:
         result["compare"] = compare.run(args, model_dir, base, tokenizer, prompts, sequences, seconds, model,
                                         stats.mean_acceptance_length)
