@@ -59,7 +59,7 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          "a fresh EAGLE-1 draft, acceptance decided per draft position by a seeded coin of "
                          "probability P (tau = 1 + P + ... + P^k; P=0.81 gives about 3 at k=3) instead of by "
                          "matching, so its speculative output is NOT the base's greedy; HF greedy, CTranslate2 fp32 "
-                         "and eagle_fx k=0 (checked against HF) side by side, and the verify/decode cost ratio. "
+                         "and eagle_fx k=0 (checked against HF) side by side, and what a k-cycle costs against a k=0 one. "
                          "Random prompts of --input-len tokens; --num-prompts and --output-len default to 8 and 32 here")
     ap.add_argument("--base-config", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "llama-1b"],
                     help="with --synthetic-acceptance: whose sizes the random base takes (vocabulary cut to 32k): "
