@@ -6,7 +6,8 @@ and torch each keep a thread pool, and in one process they contend for the cores
 project's 2-core CPU: 552 tok/s in torch's process against 1373 in its own). The child imports
 neither torch nor transformers: it maps ids to the converted vocabulary's tokens itself.
 
-    rows = run_peer(model_dir, prompts, output_len, eos, batch_size=1, compute_type="float32")
+    outputs, seconds = run_peer(model_dir, prompts, output_len, eos, batch_size=1, compute_type="float32")
+    rows = peer_rows(model_dir, prompts, output_len, eos)   # the bench's rows: fp32, then int8 (lossy)
 
 compute_type "float32" decodes the converted fp32 weights as they are (compared against HF greedy
 like any exact row); "int8" quantizes them when the child loads the model (lossy: its outputs may
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 COMPUTE_TYPES = ("float32", "int8")
+ROW_LABELS = {"float32": "CTranslate2 fp32", "int8": "CTranslate2 int8 (lossy)"}
 
 
 def available() -> str | None:
@@ -89,6 +91,22 @@ def run_peer(model_dir, prompts: list[list[int]], output_len: int, eos: int | No
             raise RuntimeError(f"the CTranslate2 child process failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         out = json.loads(result.read_text())
     return out["outputs"], out["seconds"]
+
+
+def peer_rows(model_dir, prompts, output_len: int, eos, batch_size: int = 1,
+              compute_types: tuple[str, ...] = COMPUTE_TYPES) -> list[tuple]:
+    """The bench's CTranslate2 rows (label, outputs, seconds), one per compute type, each decoded in
+    a child process; [] with a one-line note when ctranslate2 is not installed."""
+    missing = available()
+    if missing:
+        print(f"note: {missing}", file=sys.stderr)
+        return []
+    rows = []
+    for compute_type in compute_types:
+        print(f"{ROW_LABELS[compute_type]}: decoding in a child process", file=sys.stderr, flush=True)
+        outputs, seconds = run_peer(model_dir, prompts, output_len, eos, batch_size, compute_type)
+        rows.append((ROW_LABELS[compute_type], outputs, seconds))
+    return rows
 
 
 def _decode(job: dict) -> dict:

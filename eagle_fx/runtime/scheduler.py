@@ -146,16 +146,20 @@ def run_wave(model, call: GenerateCall, wave: Wave) -> list[list[int]]:
         kv.release(wave.blocks)
 
 
-def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int) -> torch.Tensor:
+def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int,
+                 previous: torch.Tensor | None = None) -> torch.Tensor:
     """The block table of the wave's sequences `rows` for the next cycle: as many blocks as the
     longest one's committed tokens (`longest`, known on the host) and one cycle's lookahead need,
     or the whole row with static buffers. The decode-step attention reads every key of its table
-    row, so a narrower table is less work; its width is a dynamic size of the compiled graphs."""
-    table = wave.blocks.block_table[rows]
+    row, so a narrower table is less work; its width is a dynamic size of the compiled graphs.
+    previous: these rows' table of the last cycle, returned as it is when the width still holds."""
     if model.static_steps:
-        return table
+        return wave.blocks.block_table[rows]
     width = model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
-    return table[:, :width].clone(memory_format=torch.contiguous_format)  # standard strides: no stride guard
+    if previous is not None and previous.shape[1] == width:  # the same rows' table, as wide: reuse it
+        return previous
+    table = wave.blocks.block_table[rows][:, :width]
+    return table.clone(memory_format=torch.contiguous_format)  # standard strides: no stride guard
 
 
 def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
@@ -231,6 +235,5 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
             batch = extend_draft(model, call, wave, batch, verified, keep)
             all_kept = False
         longest = max(committed[row] + accepted[row] + 1 for row in keep)
-        width = model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
-        if not (all_kept and width == batch.block_table.shape[1] and not model.static_steps):  # else the same table
-            batch = replace(batch, block_table=decode_table(model, wave, batch.wave_rows, longest))
+        batch = replace(batch, block_table=decode_table(model, wave, batch.wave_rows, longest,
+                                                        previous=batch.block_table if all_kept else None))

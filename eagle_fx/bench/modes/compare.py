@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle_fx.bench import ctranslate2_peer
+from eagle_fx.bench.ctranslate2_peer import peer_rows
 from eagle_fx.bench.hf_baselines import hf_assisted, hf_greedy, hf_static_compiled
 from eagle_fx.bench.timing import timed
 from eagle_fx.bundled import BUNDLED
@@ -30,21 +30,6 @@ def plain_decode(args, model, prompts, eos):
         return plain.generate(batch, max_new_tokens=args.output_len, eos_token_id=eos).sequences
 
     return timed(generate_batch, prompts, "eagle_fx k=0", args.max_num_seqs)
-
-
-def peer_rows(model_dir, prompts, output_len: int, eos, batch_size: int = 1) -> list[tuple]:
-    """CTranslate2's rows (method, outputs, seconds), fp32 then int8 (lossy), each decoded in a child
-    process; [] with a one-line note when ctranslate2 is not installed."""
-    missing = ctranslate2_peer.available()
-    if missing:
-        print(f"note: {missing}", file=sys.stderr)
-        return []
-    rows = []
-    for compute_type, label in (("float32", "CTranslate2 fp32"), ("int8", "CTranslate2 int8 (lossy)")):
-        print(f"{label}: decoding in a child process", file=sys.stderr, flush=True)
-        outputs, seconds = ctranslate2_peer.run_peer(model_dir, prompts, output_len, eos, batch_size, compute_type)
-        rows.append((label, outputs, seconds))
-    return rows
 
 
 def run(args, model_dir, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model, tau: float) -> list[dict]:

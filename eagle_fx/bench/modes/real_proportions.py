@@ -79,8 +79,8 @@ def cycle_ms(model, prompts, output_len: int) -> float:
 
 def run(args, backend: str) -> dict:
     import eagle_fx
+    from eagle_fx.bench.ctranslate2_peer import peer_rows
     from eagle_fx.bench.hf_baselines import hf_greedy
-    from eagle_fx.bench.modes.compare import peer_rows
     from eagle_fx.bench.timing import timed
     from eagle_fx.drafts import new_draft
 
@@ -129,7 +129,7 @@ def run(args, backend: str) -> dict:
     reference, seconds = timed(greedy, prompts, "HF greedy")
     rows.insert(0, ("HF generate (greedy)", reference, seconds))
     folder = save_for_peer(base, args.base_config, args.seed)
-    rows[1:1] = [row for row in peer_rows(folder, prompts, args.output_len, None) if row[0] == "CTranslate2 fp32"]
+    rows[1:1] = peer_rows(folder, prompts, args.output_len, None, compute_types=("float32",))
 
     table = []
     peer_tps = next((n_tokens(o) / s for name, o, s in rows if name == "CTranslate2 fp32"), None)

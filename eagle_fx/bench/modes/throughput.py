@@ -9,8 +9,8 @@ speculation (num_spec_tokens=0, same graphs and backend) and eagle_fx with max_b
 HF batch computes other shapes than a lone prompt, so in fp32 it may differ by a rounding flip."""
 from __future__ import annotations
 
+from eagle_fx.bench.ctranslate2_peer import peer_rows
 from eagle_fx.bench.hf_baselines import hf_greedy, hf_static_compiled
-from eagle_fx.bench.modes.compare import peer_rows
 from eagle_fx.bench.timing import timed
 
 
