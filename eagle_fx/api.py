@@ -6,6 +6,7 @@ import logging
 import torch
 
 from eagle_fx.capture import capture
+from eagle_fx.draft_kv import DraftKV
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
 from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language, refuse_options
@@ -186,8 +187,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             raise ValueError(f"backend='tensorrt' cannot run here: {e}") from None
         if device.type != "cuda":
             raise ValueError(f"backend='tensorrt' cannot run here: the model is on {device.type}; TensorRT engines need CUDA")
-    draft_kv = ("layer" if layer is not None else "pool"
-                if options.tensor_parallel == 1 and _can_alias_kv(base, draft, options) else "own")
+    draft_kv = (DraftKV.LAYER if layer is not None else DraftKV.POOL
+                if options.tensor_parallel == 1 and _can_alias_kv(base, draft, options) else DraftKV.OWN)
     plan = CapturePlan(prefill_shift=options.prefill_shift, batch_invariant=options.batch_invariant, draft_kv=draft_kv,
                        kv_share_layer=layer, lower_to_triton=options.backend == "triton",
                        tree=options.draft_tree is not None, vision_language=images is not None,

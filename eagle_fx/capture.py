@@ -31,6 +31,7 @@ from torch.fx import GraphModule
 from torch.fx.graph import CodeGen
 
 from eagle_fx.drafts import select_features
+from eagle_fx.graph_kinds import CHAIN_GRAPHS, DRAFT_GRAPHS, GRAPH_KINDS, TREE_GRAPHS, FeatureInput
 from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.pipeline import CapturePlan, build_pipelines, run_passes
 
@@ -87,9 +88,8 @@ class StepGraphs:
     draft_tree_step: GraphModule | None = None
 
     def names(self) -> tuple[str, ...]:
-        """The step graphs this capture holds."""
-        return ("base", "verify", "draft_prefill", "draft_extend", "draft_step") + (
-            ("verify_tree", "draft_tree_step") if self.verify_tree is not None else ())
+        """The step graphs this capture holds (eagle_fx.graph_kinds' order)."""
+        return CHAIN_GRAPHS + (TREE_GRAPHS if self.verify_tree is not None else ())
 
 
 def strip_export_checks(gm: GraphModule) -> GraphModule:
@@ -128,8 +128,8 @@ class StepExport(NamedTuple):
     dynamic_shapes: tuple
 
 
-# draft graph -> (the step shifts the tokens left, the step projects the features with the draft's fc)
-DRAFT_STEPS = {"draft_prefill": (True, True), "draft_extend": (False, True), "draft_step": (False, False)}
+# the draft graph whose step shifts the tokens left (the reference prefill; drop_prefill_shift undoes it)
+SHIFTED_DRAFT_GRAPH = "draft_prefill"
 
 
 def step_exports(base: nn.Module, draft: nn.Module, plan: CapturePlan) -> dict[str, StepExport]:
@@ -157,8 +157,9 @@ def step_exports(base: nn.Module, draft: nn.Module, plan: CapturePlan) -> dict[s
     hidden = torch.zeros(ids.shape[1], draft.config.hidden_size, device=dev, dtype=dtype)
     next_tokens = torch.zeros(2, dtype=torch.long, device=dev)
     lm_head = base.get_output_embeddings()
-    for name, (shift, project) in DRAFT_STEPS.items():
-        step = DraftStep(draft, lm_head, shift, project).eval()
+    for name in DRAFT_GRAPHS:  # a graph fed the base's feature projects it with the draft's fc
+        project = GRAPH_KINDS[name].feature_input is FeatureInput.BASE_FEATURE
+        step = DraftStep(draft, lm_head, shift=name == SHIFTED_DRAFT_GRAPH, project=project).eval()
         args = (ids, pos, features if project else hidden, li, next_tokens, qsl) + mm_embeds
         exports[name] = StepExport(step, args, ({1: T}, {1: T}, {0: T}, {0: N}, {0: B}, {0: B + 1}) + mm_dims)
     return exports

@@ -3,9 +3,8 @@
     eagle_fx.export(model, out_dir, target="exported_program" | "aoti" | "tensorrt")
     model = eagle_fx.load_exported(out_dir)
 
-Each step graph (base, verify, draft_prefill, draft_extend, draft_step, and with draft_tree
-verify_tree and draft_tree_step), after every eagle_fx pass, is
-exported again with torch.export (token, sequence and pool sizes dynamic) and written as
+Each step graph (eagle_fx.graph_kinds: the chain graphs, and with draft_tree the tree graphs),
+after every eagle_fx pass, is exported again with torch.export (token, sequence and pool sizes dynamic) and written as
 
   exported_program  OUT/<graph>.pt2          torch.export.save; runs anywhere torch runs
   aoti              OUT/<graph>.aoti.pt2     AOTInductor package (compiled C++/CUDA; CPU works)
@@ -32,7 +31,9 @@ from pathlib import Path
 import torch
 
 import eagle_fx
+from eagle_fx.draft_kv import DraftKV
 from eagle_fx.export_weights import WEIGHTS_FILE, SharedWeights, lift_weights, load_weights
+from eagle_fx.graph_kinds import GRAPH_KINDS
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 from eagle_fx.runtime.signature import StepSignature
@@ -65,7 +66,7 @@ def export_step_graph(model: SpeculativeModel, name: str, weights: SharedWeights
     sig = model.signatures[name]
     # scratch pools: this model's KV is untouched; a decode-step graph gets the same rows per sequence
     example = model.replace().example_inputs(name, [3, 3] if sig.uniform_rows else [2, 3],
-                                             all_logits=name in ("verify", "verify_tree"))
+                                             all_logits=GRAPH_KINDS[name].all_logits)
     dynamic = sig.dynamic_shapes()
     keys = {}
     if weights is not None:
@@ -133,14 +134,14 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
         | {"dtype": str(spec.dtype).removeprefix("torch."), "device": spec.device.type},
         "options": {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name not in ("bootstrap", "draft_tree")}
         | {"draft_tree": None if o.draft_tree is None else dataclasses.asdict(o.draft_tree)},
-        "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "kv_mode": spec.draft_kv,
+        "cache_layout": {"kv_pool": "[layers, 2, blocks, block_size, kv_heads, head_dim]", "draft_kv": spec.draft_kv,
                          "pool_layers": int(model.kv_cache.base_pool.shape[0]), "draft_layer": model.kv_cache.draft_layer,
                          "spec_kv": "[2, max_batch_size (+1 scratch), k, kv_heads, head_dim]"
                          if model.kv_cache.spec_kv is not None else None},
         "draft_method": spec.draft_method,
         "num_spec_tokens": o.num_spec_tokens,
         "prefill_shift": o.prefill_shift,
-        "kv_share": {"own": None, "pool": "pool", "layer": spec.kv_share_layer}[spec.draft_kv],
+        "kv_share": {DraftKV.OWN: None, DraftKV.POOL: "pool", DraftKV.LAYER: spec.kv_share_layer}[spec.draft_kv],
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     return out

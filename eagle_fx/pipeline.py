@@ -30,15 +30,12 @@ from dataclasses import dataclass
 
 from torch.fx import GraphModule
 
+from eagle_fx.draft_kv import DraftKV
+from eagle_fx.graph_kinds import DRAFT_GRAPHS, GRAPH_KINDS, TREE_GRAPHS, FeatureInput
 from eagle_fx.passes import PASSES, PassContext
 from eagle_fx.passes.alias_draft_kv import DRAFT_POOL
 
 log = logging.getLogger("eagle_fx")
-
-DRAFT_KV_CHOICES = ("own", "pool", "layer")
-DRAFT_GRAPHS = ("draft_prefill", "draft_extend", "draft_step")
-UNIFORM_GRAPHS = ("draft_extend", "draft_step")  # draft graphs whose rows are the same count per sequence
-TREE_GRAPHS = {"verify_tree": "base", "draft_tree_step": "draft_step"}  # tree graph -> the chain graph it copies
 
 
 @dataclass(frozen=True)
@@ -47,11 +44,11 @@ class CapturePlan:
 
     prefill_shift: keep the shifted (reference) draft prefill; False runs drop_prefill_shift on it.
     batch_invariant: every token's numerics independent of chunking and batching (batch_invariant).
-    draft_kv: where the draft's K/V live. "own": a pool of its own (the draft_kv_pool input);
-        "pool": one more layer of the base's pool (alias_draft_kv; kv_share="pool"); "layer": the
+    draft_kv: where the draft's K/V live (eagle_fx.draft_kv.DraftKV). OWN: a pool of its own (the
+        draft_kv_pool input); POOL: one more layer of the base's pool (alias_draft_kv); LAYER: the
         draft reads base layer kv_share_layer's K/V for committed positions (alias_draft_kv, and
-        prune_draft_rows on the prefill and extend graphs; kv_share=LAYER).
-    kv_share_layer: the base layer a "layer" draft reads; None for the other two.
+        prune_draft_rows on the prefill and extend graphs).
+    kv_share_layer: the base layer a LAYER draft reads; None for the other two.
     lower_to_triton: swap in the Triton kernels in every graph (lower_to_triton), last.
     tree: also the tree-attention copies of the base and draft-step graphs (verify_tree,
         draft_tree_step) for EAGLE-2 draft trees.
@@ -64,7 +61,7 @@ class CapturePlan:
 
     prefill_shift: bool = False
     batch_invariant: bool = False
-    draft_kv: str = "own"
+    draft_kv: DraftKV = DraftKV.OWN
     kv_share_layer: int | None = None
     lower_to_triton: bool = False
     tree: bool = False
@@ -74,11 +71,8 @@ class CapturePlan:
     tensor_parallel_group: str = ""  # the torch.distributed group of its all-reduces
 
     def __post_init__(self):
-        if self.draft_kv not in DRAFT_KV_CHOICES:
-            raise ValueError(f"CapturePlan: draft_kv={self.draft_kv!r}; choose from {DRAFT_KV_CHOICES}")
-        if (self.draft_kv == "layer") != (self.kv_share_layer is not None):
-            raise ValueError(f"CapturePlan: draft_kv={self.draft_kv!r} with kv_share_layer={self.kv_share_layer!r}; "
-                             "a base layer goes with draft_kv='layer' and only with it")
+        object.__setattr__(self, "draft_kv", DraftKV.of(self.draft_kv, "CapturePlan"))
+        self.draft_kv.check_layer(self.kv_share_layer, "CapturePlan")
         if self.mrope and not self.vision_language:
             raise ValueError("CapturePlan: mrope=True needs vision_language=True (M-RoPE positions come with images)")
 
@@ -118,16 +112,19 @@ def build_pipelines(plan: CapturePlan, base_layers: int) -> dict[str, GraphPipel
                  "verify": GraphPipeline(PassContext(), ("mark_uniform_queries",), lowering, copy_of="base")}
     for name in DRAFT_GRAPHS:
         unshift = ("drop_prefill_shift",) if name == "draft_prefill" and not plan.prefill_shift else ()
-        alias = ("alias_draft_kv",) if plan.draft_kv != "own" else ()
-        prune = ("prune_draft_rows",) if plan.draft_kv == "layer" and name != "draft_step" else ()
+        alias = ("alias_draft_kv",) if plan.draft_kv is not DraftKV.OWN else ()
+        # a sharing draft computes only the rows it uses in the graphs the base's features come in
+        prune = ("prune_draft_rows",) if (plan.draft_kv is DraftKV.LAYER and GRAPH_KINDS[name].feature_input
+                                          is FeatureInput.BASE_FEATURE) else ()
         context = PassContext(expected_attention_layers=1, pool_name=DRAFT_POOL, shared_pool_layer=base_layers,
                               kv_share_layer=plan.kv_share_layer, all_rows_committed=name == "draft_prefill")
-        uniform = ("mark_uniform_queries",) if name in UNIFORM_GRAPHS else ()
+        uniform = ("mark_uniform_queries",) if GRAPH_KINDS[name].uniform_rows else ()
         pipelines[name] = GraphPipeline(context, cached_attention + unshift + batch_invariant + alias + prune + uniform,
                                         lowering)
     if plan.tree:
-        for name, source in TREE_GRAPHS.items():
-            pipelines[name] = GraphPipeline(PassContext(), ("insert_tree_mask",), lowering, copy_of=source)
+        for name in TREE_GRAPHS:
+            pipelines[name] = GraphPipeline(PassContext(), ("insert_tree_mask",), lowering,
+                                            copy_of=GRAPH_KINDS[name].tree_copy_of)
     return pipelines
 
 

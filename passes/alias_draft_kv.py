@@ -18,7 +18,8 @@ After, kv_share=LAYER (ctx.kv_share_layer = LAYER):
 
 The draft reads base layer LAYER's K/V for every committed position (< committed_len) and keeps
 only the speculated positions' K/V, in the small `spec_kv` ring (new inputs spec_kv, spec_rows,
-committed_len; slot_mapping goes). With ctx.all_rows_committed (the draft prefill: every row is a
+committed_len; slot_mapping goes; batch_invariant and uniform_queries carry over, by name). With
+ctx.all_rows_committed (the draft prefill: every row is a
 prompt token the base has just cached) k and v become None, so the k/v projections are dead code
 and are removed.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule
 
-from .fx_graph import graph_input
+from .fx_graph import call_op, graph_input, op_arguments, set_op_arguments
 from .result import PassContext, PassResult
 
 DRAFT_POOL = "draft_kv_pool"
@@ -50,21 +51,21 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     users = list(own.users)
     if ctx.kv_share_layer is None:
         for n in users:
-            args = list(n.args)
-            args[3] = shared
-            args[4] = ctx.shared_pool_layer + args[4]
-            n.args = tuple(args)
+            set_op_arguments(n, kv_pool=shared, layer=ctx.shared_pool_layer + op_arguments(n)["layer"])
         note = f"draft attention -> kv_pool layer {ctx.shared_pool_layer}"
     else:
         extra = {name: graph_input(gm, name) for name in SHARED_INPUTS}
         for n in users:
-            q, k, v, _pool, _layer, _slots, block_table, qsl, positions, scale, window = n.args[:11]
+            own_args = op_arguments(n)
+            same = ("q", "k", "v", "block_table", "query_start_loc", "positions", "scale", "sliding_window")
+            shared_args = {name: own_args[name] for name in same} | extra | {"kv_pool": shared,
+                                                                            "base_layer": ctx.kv_share_layer}
+            # flags at their defaults stay unsaid; a set one carries over (row by row stays row by row)
+            shared_args |= {flag: True for flag in ("batch_invariant", "uniform_queries") if own_args[flag]}
             if ctx.all_rows_committed:
-                k = v = None
+                shared_args |= {"k": None, "v": None}
             with g.inserting_before(n):
-                new = g.call_function(torch.ops.eagle_fx.shared_cached_attention.default,
-                                      (q, k, v, shared, ctx.kv_share_layer, extra["spec_kv"], extra["spec_rows"],
-                                       extra["committed_len"], block_table, qsl, positions, scale, window))
+                new = call_op(g, torch.ops.eagle_fx.shared_cached_attention.default, shared_args)
             new.meta = dict(n.meta)
             n.replace_all_uses_with(new)
             g.erase_node(n)

@@ -23,6 +23,7 @@ from torch.fx import GraphModule
 
 import eagle_fx.ops  # noqa: F401
 
+from .fx_graph import op_arguments, set_op_arguments
 from .result import PassContext, PassResult
 
 aten = torch.ops.aten
@@ -42,10 +43,9 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
             g.erase_node(n)
             linears += 1
         elif n.target == torch.ops.eagle_fx.cached_attention.default:
-            args = list(n.args)
-            if len(args) > 11 and args[11]:
+            if op_arguments(n)["batch_invariant"]:
                 continue
-            n.args = tuple(args[:11]) + (True,)
+            set_op_arguments(n, batch_invariant=True)
             attn += 1
     g.lint()
     gm.recompile()

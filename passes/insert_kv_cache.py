@@ -25,7 +25,7 @@ from torch.fx import GraphModule
 
 import eagle_fx.ops  # noqa: F401
 
-from .fx_graph import graph_input
+from .fx_graph import call_op, graph_input, op_arguments
 from .result import PassContext, PassResult
 
 CACHE_INPUTS = ("slot_mapping", "block_table", "query_start_loc")
@@ -39,14 +39,11 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     positions = graph_input(gm, "positions", create=False)
     inputs = {"kv_pool": graph_input(gm, ctx.pool_name)} | {name: graph_input(gm, name) for name in CACHE_INPUTS}
     for i, node in enumerate(nodes):
-        q, k, v, scale, window = node.args
+        attention = op_arguments(node)  # q, k, v, scale, sliding_window
         layer = node.meta.get("eagle_fx_layer", i)
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(
-                torch.ops.eagle_fx.cached_attention.default,
-                (q, k, v, inputs["kv_pool"], layer, inputs["slot_mapping"], inputs["block_table"],
-                 inputs["query_start_loc"], positions, scale, window),
-            )
+            new = call_op(gm.graph, torch.ops.eagle_fx.cached_attention.default,
+                          attention | inputs | {"layer": layer, "positions": positions})
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

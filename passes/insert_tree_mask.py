@@ -25,7 +25,7 @@ from torch.fx import GraphModule
 
 import eagle_fx.ops  # noqa: F401
 
-from .fx_graph import graph_input
+from .fx_graph import call_op, graph_input, op_arguments
 from .result import PassContext, PassResult
 
 TREE_INPUTS = ("tree_mask", "tree_start")
@@ -37,14 +37,10 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
         return PassResult(gm, 0, ["no eagle_fx.cached_attention (already tree attention, or not a cached graph)"])
     inputs = {name: graph_input(gm, name) for name in TREE_INPUTS}
     for node in nodes:
-        args = list(node.args)
-        batch_invariant = args[11] if len(args) > 11 else node.kwargs.get("batch_invariant", False)
-        q, k, v, pool, layer, slots, table, qsl, positions, scale, window = args[:11]
+        arguments = op_arguments(node)
+        arguments.pop("uniform_queries")  # tree attention is device-side by construction
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(
-                torch.ops.eagle_fx.tree_cached_attention.default,
-                (q, k, v, pool, layer, slots, table, qsl, positions, inputs["tree_mask"], inputs["tree_start"], scale,
-                 window, batch_invariant))
+            new = call_op(gm.graph, torch.ops.eagle_fx.tree_cached_attention.default, arguments | inputs)
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

@@ -28,6 +28,7 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
+from .fx_graph import call_op, op_arguments
 from .result import PassContext, PassResult
 
 aten = torch.ops.aten
@@ -59,9 +60,12 @@ def _lower_attention(g, ops) -> int:
     n_done = 0
     for n in list(g.nodes):
         if _is(n, torch.ops.eagle_fx.cached_attention.default):
-            # batch_invariant=True needs nothing more: each query row is its own program
+            # batch_invariant and uniform_queries need nothing more: each query row is its own program,
+            # on the device
+            arguments = op_arguments(n)
+            del arguments["batch_invariant"], arguments["uniform_queries"]
             with g.inserting_before(n):
-                new = g.call_function(ops.triton_cached_attention.default, tuple(n.args[:11]))
+                new = call_op(g, ops.triton_cached_attention.default, arguments)
             new.meta = dict(n.meta)
             n.replace_all_uses_with(new)
             g.erase_node(n)

@@ -27,6 +27,7 @@ import operator
 import torch
 from torch.fx import GraphModule, Node
 
+from .fx_graph import set_op_arguments
 from .result import PassContext, PassResult
 
 aten = torch.ops.aten
@@ -148,9 +149,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
                 num_sources += a not in gathered
                 n.replace_input_with(a, gather(a))
         if n.target == SHARED:
-            args = list(n.args)
-            args[9] = starts  # query_start_loc: one kept row per sequence
-            n.args = tuple(args)
+            set_op_arguments(n, query_start_loc=starts)  # one kept row per sequence
     final.replace_all_uses_with(top)
     g.erase_node(final)
     g.eliminate_dead_code()

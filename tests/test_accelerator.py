@@ -1,6 +1,7 @@
 """On an accelerator (run by bench/gpu_check.sh with TRITON_INTERPRET=0): the Triton kernels
 compiled for the device, and backend="triton" with CUDA graphs, against the same oracles.
-Skipped, with the reason, on machines without one (and under the CPU interpreter)."""
+Skipped, with the reason, on machines without one (and under the CPU interpreter); what these
+tests read of a model is checked on every machine (test_what_the_device_tests_read_exists_here)."""
 import os
 
 import pytest
@@ -10,13 +11,29 @@ import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
 
 ACCEL = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-pytestmark = [
-    pytest.mark.skipif(ACCEL is None, reason="no accelerator on this machine (bench/gpu_check.sh runs these on a GPU)"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                       reason="TRITON_INTERPRET=1: kernels would run in the CPU interpreter; run with TRITON_INTERPRET=0"),
-]
+needs_accelerator = pytest.mark.skipif(ACCEL is None, reason="no accelerator on this machine (bench/gpu_check.sh "
+                                                                "runs these on a GPU)")
+needs_compiled_kernels = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                                            reason="TRITON_INTERPRET=1: kernels would run in the CPU interpreter; run "
+                                                   "with TRITON_INTERPRET=0")
 
 
+def replays_cuda_graphs(model) -> bool:
+    """Whether `model` replays its static steps as CUDA graphs (the device tests read it here only)."""
+    return model.executor.cuda_graphs
+
+
+def test_what_the_device_tests_read_exists_here():
+    """On any machine: the attribute the device tests read exists and says False off CUDA (read as
+    `model.cuda_graphs`, gone since the runtime split, the device test failed only on a GPU)."""
+    model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), static_steps=True, max_batch_size=2,
+                             max_seq_len=64)
+    assert replays_cuda_graphs(model) is (model.device.type == "cuda")
+    assert replays_cuda_graphs(model) is False  # the tiny pair is on the CPU here
+
+
+@needs_accelerator
+@needs_compiled_kernels
 def test_kernels_bf16_on_device():
     from eagle_fx.ops.canonical import cached_attention_ref
     from eagle_fx.ops.triton import load_kernels
@@ -49,12 +66,14 @@ def test_kernels_bf16_on_device():
     assert torch.equal(pool, pool_ref)
 
 
+@needs_accelerator
+@needs_compiled_kernels
 @pytest.mark.parametrize("arch,method", [("llama", "eagle"), ("qwen3", "eagle3")])
 def test_triton_backend_with_cuda_graphs_matches_hf(arch, method):
     base, draft = tiny_base(arch).to(ACCEL), tiny_draft(arch, method).to(ACCEL)
     try:
         model = eagle_fx.compile(base, draft, backend="triton", max_batch_size=3, max_seq_len=64)
-        assert model.cuda_graphs == (ACCEL.type == "cuda")
+        assert replays_cuda_graphs(model) == (ACCEL.type == "cuda")
         prompts = make_prompts(3)
         out = model.generate(prompts, max_new_tokens=16)
     finally:
@@ -62,6 +81,8 @@ def test_triton_backend_with_cuda_graphs_matches_hf(arch, method):
     assert out.sequences == hf_greedy(arch, prompts, 16)
 
 
+@needs_accelerator
+@needs_compiled_kernels
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_one_function_cycle_on_device_has_no_host_syncs(backend):
     """The chain cycle as one function (compiled as one graph with inductor) on the device: HF

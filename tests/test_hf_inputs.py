@@ -67,8 +67,7 @@ def test_do_sample_and_generation_config():
     assert by_config.sequences == model.generate(prompts, temperature=0.6, top_p=0.9, top_k=20, max_new_tokens=7,
                                                  seed=1).sequences
     assert all(len(s) == 7 for s in by_config.sequences)
-    # the call's own settings win over the config's where they differ from generate's defaults; do_sample=False
-    # (not temperature=0.0, which is the default) makes a sampling config greedy
+    # the call's own settings win over the config's; do_sample=False makes a sampling config greedy
     assert model.generate(prompts, generation_config=gc, do_sample=False, max_new_tokens=NEW).sequences == greedy
     assert all(len(s) == 5 for s in model.generate(prompts, generation_config=gc, max_new_tokens=5, seed=2).sequences)
     with pytest.warns(UserWarning, match=r"does not apply generation_config's no_repeat_ngram_size, repetition_penalty"):
@@ -76,6 +75,31 @@ def test_do_sample_and_generation_config():
                        generation_config=GenerationConfig(repetition_penalty=1.2, no_repeat_ngram_size=3))
     with pytest.raises(ValueError, match="num_beams=4: eagle_fx speculates for greedy decoding and sampling"):
         model.generate(prompts, generation_config=GenerationConfig(num_beams=4))
+
+
+def test_explicit_settings_equal_to_the_defaults_win_over_a_sampling_config():
+    """An argument the call passes wins over generation_config's even when it equals generate's
+    default: temperature=0.0 with a sampling config is HF greedy (it used to sample at the config's
+    0.7), and max_new_tokens / top_k / top_p / eos passed at their defaults are not the config's."""
+    prompts = make_prompts(2)
+    model = compiled("llama", "eagle")
+    gc = GenerationConfig(do_sample=True, temperature=0.7, max_new_tokens=NEW)
+    assert model.generate(prompts, generation_config=gc, temperature=0.0, seed=0).sequences == \
+        hf_greedy("llama", prompts, NEW)
+
+
+@pytest.mark.parametrize("name,passed", [("max_new_tokens", 128), ("top_p", 1.0), ("top_k", 0), ("eos_token_id", None)])
+def test_each_passed_setting_wins_over_the_config(name, passed):
+    from eagle_fx.runtime.hf_inputs import NOT_GIVEN, settings_from
+    from eagle_fx.runtime.model import GENERATE_DEFAULTS
+
+    order = ("temperature", "top_p", "top_k", "max_new_tokens", "eos_token_id")
+    gc = GenerationConfig(do_sample=True, temperature=0.7, top_p=0.5, top_k=5, max_new_tokens=3, eos_token_id=7)
+    call = dict.fromkeys(order, NOT_GIVEN) | {name: passed}
+    got = dict(zip(order, settings_from(gc, None, *(call[n] for n in order), GENERATE_DEFAULTS)))
+    assert got == dict(temperature=0.7, top_p=0.5, top_k=5, max_new_tokens=3, eos_token_id=7) | {name: passed}
+    not_passed = dict(zip(order, settings_from(None, None, *(NOT_GIVEN for _ in order), GENERATE_DEFAULTS)))
+    assert not_passed == GENERATE_DEFAULTS
 
 
 def test_streamer_gets_the_prompt_then_every_token():

@@ -3,9 +3,11 @@
 - prompts: a list of token-id lists (eagle_fx's own form), a 2-D `input_ids` tensor with its
   `attention_mask` (left or right padding: the padding is dropped), or a tokenizer's
   BatchEncoding (or any mapping with "input_ids"). Text is refused with what to call instead.
-- settings: HF's `do_sample`, and a `generation_config` whose do_sample / temperature / top_p /
-  top_k / max_new_tokens / eos_token_id apply where the call leaves them at their defaults; its
-  other settings, which eagle_fx does not apply, are warned about by name (beam search is an error).
+- settings: HF's `do_sample`, and a `generation_config` whose temperature / top_p / top_k /
+  max_new_tokens / eos_token_id apply where the call does not pass them (NOT_GIVEN: an explicit
+  value equal to generate's default still wins), and whose do_sample applies unless the call passes
+  do_sample or temperature; its other settings, which eagle_fx does not apply, are warned about by
+  name (beam search is an error).
 - streamer: transformers' streamers (`put(ids)` / `end()`), one prompt at a time, as HF's.
 """
 from __future__ import annotations
@@ -14,6 +16,16 @@ import warnings
 from collections.abc import Mapping
 
 import torch
+
+class _NotGiven:
+    """The default of generate's decoding settings: the call did not pass this argument, so a
+    generation_config's value applies, else generate's own default (GENERATE_DEFAULTS)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+NOT_GIVEN = _NotGiven()
 
 # GenerationConfig fields eagle_fx applies, or that carry no decoding behaviour
 APPLIED = {"do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "eos_token_id", "pad_token_id",
@@ -71,10 +83,12 @@ def _unpad(input_ids, attention_mask) -> list[list[int]]:
 
 def settings_from(generation_config, do_sample, temperature, top_p, top_k, max_new_tokens, eos_token_id,
                   defaults: dict) -> tuple:
-    """(temperature, top_p, top_k, max_new_tokens, eos_token_id) after generation_config (where the
-    call left a setting at its default) and do_sample (False: greedy; True: temperature 1 if unset)."""
+    """(temperature, top_p, top_k, max_new_tokens, eos_token_id): each as the call passed it, else
+    (NOT_GIVEN) generation_config's, else `defaults`'; then do_sample (the call's; else the config's
+    when the call passes no temperature): False: greedy; True: temperature 1 if none."""
     values = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                   eos_token_id=eos_token_id)
+    given = {name for name, value in values.items() if value is not NOT_GIVEN}
     if generation_config is not None:
         gc = generation_config
         if (getattr(gc, "num_beams", 1) or 1) > 1:
@@ -84,12 +98,13 @@ def settings_from(generation_config, do_sample, temperature, top_p, top_k, max_n
         if ignored:
             warnings.warn(f"eagle_fx does not apply generation_config's {', '.join(ignored)} (it applies do_sample, "
                           "temperature, top_p, top_k, max_new_tokens, eos_token_id)", stacklevel=3)
-        if do_sample is None:
+        if do_sample is None and "temperature" not in given:  # an explicit temperature decides on its own
             do_sample = bool(gc.do_sample)
-        for name in values:
+        for name in set(values) - given:
             value = getattr(gc, name, None)
-            if value is not None and (values[name] is defaults[name] or values[name] == defaults[name]):
+            if value is not None:
                 values[name] = value
+    values = {name: defaults[name] if value is NOT_GIVEN else value for name, value in values.items()}
     if do_sample is False:
         values["temperature"] = 0.0
     elif do_sample is True and not values["temperature"]:

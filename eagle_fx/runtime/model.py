@@ -13,7 +13,7 @@ from eagle_fx.options import Options, lookahead
 from eagle_fx.rope_support import check_max_seq_len
 from eagle_fx.runtime.chain_cycle import ChainCycle
 from eagle_fx.runtime.executor import Executor
-from eagle_fx.runtime.hf_inputs import check_streamer, prompts_from, settings_from
+from eagle_fx.runtime.hf_inputs import NOT_GIVEN, check_streamer, prompts_from, settings_from
 from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
 from eagle_fx.runtime.pair import PairSpec
 from eagle_fx.runtime.proposer import ChainProposer, TreeProposer
@@ -22,7 +22,7 @@ from eagle_fx.runtime.scheduler import CONFIG_EOS, GenerateCall, check_prompts, 
 from eagle_fx.runtime.signature import StepSignature
 from eagle_fx.runtime.stats import GenerateOutput, Profiler, SpecDecodeStats
 
-# generate's own defaults: a generation_config's setting applies where a call leaves these
+# generate's own defaults, where a call passes neither the setting nor a generation_config with it
 GENERATE_DEFAULTS = dict(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=128, eos_token_id=CONFIG_EOS)
 RUNTIME_OPTIONS = ("num_spec_tokens", "max_batch_size", "max_seq_len", "block_size", "prefill_chunk_size",
                    "prefix_caching", "bootstrap", "num_blocks", "static_steps", "draft_tree")
@@ -133,8 +133,9 @@ class SpeculativeModel:
         return SpecDecodeStats(self.tree.depth, self.tree.total_tokens)
 
     @torch.no_grad()
-    def generate(self, prompts=None, max_new_tokens: int = 128, eos_token_id=CONFIG_EOS, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, pixel_values=None,
+    def generate(self, prompts=None, max_new_tokens: int = NOT_GIVEN, eos_token_id=NOT_GIVEN,
+                 temperature: float = NOT_GIVEN, top_p: float = NOT_GIVEN, top_k: int = NOT_GIVEN,
+                 seed: int | None = None, pixel_values=None,
                  image_grid_thw=None, profile: bool = False, *, input_ids=None, attention_mask=None,
                  do_sample: bool | None = None, generation_config=None, streamer=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.

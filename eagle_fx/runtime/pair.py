@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle_fx.draft_kv import DraftKV
+from eagle_fx.graph_kinds import GRAPH_KINDS, FeatureInput
 from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.multimodal import image_token_id, is_vision_language
-
-DRAFT_KV_MODES = ("pool", "own", "layer")
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,9 @@ class PairSpec:
     draft_head_dim: int
     draft_hidden_size: int
     feature_dim: int
-    # how the draft's K/V is kept (eagle_fx.runtime.kv_cache.KVCache): "pool", "own" or "layer"
-    draft_kv: str = "pool"
-    kv_share_layer: int | None = None  # draft_kv="layer": the base layer the draft reads
+    # how the draft's K/V is kept (eagle_fx.draft_kv; the pools: eagle_fx.runtime.kv_cache.KVCache)
+    draft_kv: DraftKV = DraftKV.POOL
+    kv_share_layer: int | None = None  # DraftKV.LAYER: the base layer the draft reads
     d2t: torch.Tensor | None = None  # EAGLE-3: target id = draft id + d2t[draft id]
     embed_dim: int = 0  # a vision-language base: the width of its input (and image) embeddings
     image_token_id: int | None = None  # a vision-language base: its image placeholder token
@@ -38,17 +38,20 @@ class PairSpec:
     rope_limit: int | None = None  # longrope: the longest sequence its RoPE is exact for (eagle_fx.rope_support)
 
     def __post_init__(self):
-        if self.draft_kv not in DRAFT_KV_MODES:
-            raise ValueError(f"draft_kv must be one of {DRAFT_KV_MODES}, got {self.draft_kv!r}")
-        if (self.draft_kv == "layer") != (self.kv_share_layer is not None):
-            raise ValueError("kv_share_layer is set exactly when draft_kv='layer'")
+        object.__setattr__(self, "draft_kv", DraftKV.of(self.draft_kv, "PairSpec"))
+        self.draft_kv.check_layer(self.kv_share_layer, "PairSpec")
 
     @property
     def vision_language(self) -> bool:
         return self.image_token_id is not None
 
+    def feature_width(self, graph: str) -> int:
+        """The width of step graph `graph`'s features / carry_features input (eagle_fx.graph_kinds)."""
+        return {FeatureInput.NONE: 0, FeatureInput.BASE_FEATURE: self.feature_dim,
+                FeatureInput.DRAFT_HIDDEN: self.draft_hidden_size}[GRAPH_KINDS[graph].feature_input]
+
     @classmethod
-    def from_pair(cls, base, draft, draft_kv: str, kv_share_layer: int | None = None, mrope: bool = False,
+    def from_pair(cls, base, draft, draft_kv: DraftKV, kv_share_layer: int | None = None, mrope: bool = False,
                   rope_limit: int | None = None, tensor_parallel: int = 1) -> "PairSpec":
         text_config, draft_config = base.config.get_text_config(), draft.config
         param = next(base.parameters())

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle_fx.graph_kinds import GRAPH_KINDS
+
 
 @dataclass(frozen=True)
 class InputRole:
@@ -54,11 +56,6 @@ INPUTS: dict[str, InputRole] = {
     "mm_embeds": InputRole("wave"),
 }
 
-# the graphs that read the base's layers (the rest are the draft's)
-BASE_GRAPHS = ("base", "verify", "verify_tree")
-# the graphs whose calls give every sequence the same number of rows (their attention is device-side)
-UNIFORM_GRAPHS = ("verify", "draft_extend", "draft_step", "verify_tree", "draft_tree_step")
-
 
 @dataclass(frozen=True)
 class StepSignature:
@@ -68,6 +65,8 @@ class StepSignature:
     inputs: tuple[str, ...]
 
     def __post_init__(self):
+        if self.graph not in GRAPH_KINDS:
+            raise ValueError(f"step graph {self.graph!r} is not one of eagle_fx's graphs {tuple(GRAPH_KINDS)}")
         unknown = [n for n in self.inputs if n not in INPUTS]
         if unknown:
             raise ValueError(f"step graph {self.graph!r} takes input(s) {unknown} that eagle_fx has no role for")
@@ -75,9 +74,6 @@ class StepSignature:
     @classmethod
     def of_graph(cls, name: str, gm: torch.fx.GraphModule) -> "StepSignature":
         return cls(name, tuple(n.target for n in gm.graph.nodes if n.op == "placeholder"))
-
-    def role(self, name: str) -> InputRole:
-        return INPUTS[name]
 
     def names(self, role: str) -> tuple[str, ...]:
         return tuple(n for n in self.inputs if INPUTS[n].role == role)
@@ -100,8 +96,9 @@ class StepSignature:
     @property
     def uniform_rows(self) -> bool:
         """Every sequence of a call has the same number of rows (the decode-step graphs)."""
-        return self.graph in UNIFORM_GRAPHS
+        return GRAPH_KINDS[self.graph].uniform_rows
 
     @property
     def is_base(self) -> bool:
-        return self.graph in BASE_GRAPHS
+        """The graph runs the base's layers (eagle_fx.graph_kinds)."""
+        return GRAPH_KINDS[self.graph].reads_base

@@ -12,9 +12,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-# which phase each graph's time counts in (the draft prefill is also counted on its own)
-PHASE_OF_GRAPH = {"base": "prefill", "draft_prefill": "prefill", "draft_extend": "draft", "draft_step": "draft",
-                  "draft_tree_step": "draft", "verify": "verify", "verify_tree": "verify", "chain_cycle": "cycle"}
+from eagle_fx.graph_kinds import GRAPH_KINDS
+
+CHAIN_CYCLE = "chain_cycle"  # what the profiler calls a chain cycle run as one function (phase "cycle")
+
+
+def phase_of(graph: str) -> str:
+    """The phase a graph's time counts in (eagle_fx.graph_kinds; the draft prefill is also counted
+    on its own)."""
+    return "cycle" if graph == CHAIN_CYCLE else GRAPH_KINDS[graph].phase
 
 
 @dataclass
@@ -141,7 +147,7 @@ class Profiler:
         st = self.stats
         st.graph_time_s[graph] = st.graph_time_s.get(graph, 0.0) + seconds
         st.graph_calls[graph] = st.graph_calls.get(graph, 0) + 1
-        phase = PHASE_OF_GRAPH[graph]
+        phase = phase_of(graph)
         setattr(st, f"time_{phase}_s", getattr(st, f"time_{phase}_s") + seconds)
         if graph == "draft_prefill":
             st.time_draft_prefill_s += seconds

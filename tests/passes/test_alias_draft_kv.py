@@ -77,3 +77,17 @@ def test_own_pool_when_kv_shapes_differ():
 def test_bad_kv_share_value():
     with pytest.raises(ValueError, match="kv_share must be 'auto', 'pool', None or a base layer index"):
         eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), kv_share="everything")
+
+
+def test_layer_alias_keeps_batch_invariant():
+    """kv_share=LAYER with batch_invariant=True: the shared attention still attends row by row (the
+    flag was dropped when the pass rebuilt the call from its first eleven positional arguments)."""
+    from eagle_fx.passes import batch_invariant
+    from eagle_fx.passes.fx_graph import op_arguments
+
+    gm = copy.deepcopy(capture(tiny_base("llama"), tiny_draft("llama", "eagle")).draft_prefill)  # not aliased
+    gm = batch_invariant.run(gm).gm
+    res = alias_draft_kv.run(gm, PassContext(kv_share_layer=1, all_rows_committed=True))
+    shared = [n for n in res.gm.graph.nodes if n.target == torch.ops.eagle_fx.shared_cached_attention.default]
+    assert res.num_matches == len(shared) == 1
+    assert op_arguments(shared[0])["batch_invariant"] is True

@@ -5,6 +5,7 @@ import torch
 from conftest import tiny_base
 from eagle_fx.runtime.kv_cache import new_kv_pool
 from eagle_fx.passes import PassContext, batch_invariant, canonicalize_attention, insert_kv_cache
+from eagle_fx.passes.fx_graph import op_arguments
 from tests.passes.snapshot import exported_base, op_counts
 
 
@@ -18,7 +19,8 @@ def test_counts_and_numerics():
     n_lin = c0["aten.linear.default"]
     assert n_lin > 0 and c1["aten.linear.default"] == 0 and c1["eagle_fx.rowwise_linear.default"] == n_lin
     assert res.num_matches == n_lin + 4
-    assert all(n.args[11] is True for n in res.gm.graph.nodes if n.target == torch.ops.eagle_fx.cached_attention.default)
+    assert all(op_arguments(n)["batch_invariant"] is True for n in res.gm.graph.nodes
+               if n.target == torch.ops.eagle_fx.cached_attention.default)
 
     T = 13
     kw = dict(input_ids=torch.randint(0, 96, (1, T)), positions=torch.arange(T)[None], logits_indices=torch.arange(T),

@@ -21,6 +21,9 @@ def _graphs(method="eagle", layer=3):
     out = {}
     for name in ("draft_prefill", "draft_extend"):
         gm = copy.deepcopy(getattr(g, name))
+        for n in gm.graph.nodes:  # the pipeline aliases before mark_uniform_queries; these inputs are ragged
+            if n.op == "call_function" and n.kwargs.get("uniform_queries"):
+                n.kwargs = {**n.kwargs, "uniform_queries": False}
         ctx = PassContext(kv_share_layer=layer, all_rows_committed=name == "draft_prefill")
         out[name] = alias_draft_kv.run(gm, ctx).gm
     return draft, out
