@@ -53,6 +53,53 @@ def test_rerank_keeps_the_best_closed_under_parents():
     assert toks.tolist() == [[10, 12]] and parents.tolist() == [[-1, 0]]
 
 
+def _grown_candidates(batch, top_k, depth, seed):
+    """Candidates as the proposer grows them (parent score + log-probability, parents expanded from
+    the best of the layer before), from random draft distributions with exact ties sprinkled in."""
+    g = torch.Generator().manual_seed(seed)
+    scores, parents = [], []
+    logp = torch.log_softmax(torch.randn(batch, top_k, generator=g), -1).sort(-1, descending=True).values
+    scores.append(logp)
+    parents.append(torch.full((batch, top_k), -1))
+    layer_scores, layer_first = logp, 0
+    for _ in range(depth - 1):
+        expand = layer_scores.topk(top_k, dim=1).indices  # [B, top_k] within the layer
+        logp = torch.log_softmax(torch.randn(batch, top_k, top_k, generator=g), -1).sort(-1, descending=True).values
+        logp[:, :, 0] = torch.where(torch.rand(batch, top_k, generator=g) < 0.3, 0.0, logp[:, :, 0])  # ties
+        child = (layer_scores.gather(1, expand)[:, :, None] + logp).flatten(1)
+        scores.append(child)
+        parents.append((layer_first + expand)[:, :, None].expand(-1, -1, top_k).flatten(1))
+        layer_first += layer_scores.shape[1]
+        layer_scores = child
+    return torch.cat(scores, 1), torch.cat(parents, 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rerank_against_a_brute_force_oracle(seed):
+    """The kept nodes are the total_tokens best candidates (ties: the earlier), in candidate order,
+    and each node's parent index points at its parent candidate's node: checked row by row in Python."""
+    B, top_k, depth, total = 3, 3, 4, 9
+    scores, parent_cand = _grown_candidates(B, top_k, depth, seed)
+    tokens = torch.arange(scores.shape[1]).expand(B, -1) + 100
+    toks, parents = rerank(tokens, scores, parent_cand, total)
+    for b in range(B):
+        ranked = sorted(range(scores.shape[1]), key=lambda c: (-scores[b, c].item(), c))
+        keep = sorted(ranked[:total])
+        assert toks[b].tolist() == [100 + c for c in keep]
+        want = [-1 if parent_cand[b, c] < 0 else keep.index(int(parent_cand[b, c])) for c in keep]
+        assert parents[b].tolist() == want
+
+
+def test_rerank_reads_nothing_on_the_host():
+    """rerank runs on meta tensors, which have no values: any host read (.item(), bool(tensor),
+    .tolist()) raises there. (It once checked its own result with bool(...any()): a device sync
+    per tree step.)"""
+    scores, parent_cand = _grown_candidates(2, 2, 3, 0)
+    tokens = torch.arange(scores.shape[1]).expand(2, -1)
+    toks, parents = rerank(tokens.to("meta"), scores.to("meta"), parent_cand.to("meta"), 5)
+    assert toks.shape == parents.shape == (2, 5)
+
+
 def test_greedy_walk_follows_the_argmax():
     parents = torch.tensor([[-1, -1, 0, 0, 2, 1], [-1, -1, 0, 0, 2, 1]])
     tokens = torch.tensor([[5, 6, 7, 8, 9, 4], [5, 6, 7, 8, 9, 4]])
