@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from eagle_fx.runtime.stats import CHAIN_CYCLE
+
 
 def mean_latency(stats, graph: str) -> float:
     calls = stats.graph_calls.get(graph, 0)
@@ -45,8 +47,8 @@ def per_token(model, prompts, output_len: int, eos) -> dict:
         out = model.generate([prompt], max_new_tokens=output_len, eos_token_id=eos, profile=True)
         wall += time.perf_counter() - started
         tokens += len(out.sequences[0])
-        cycle += out.stats.graph_time_s.get("chain_cycle", 0.0)
-        cycles += out.stats.graph_calls.get("chain_cycle", 0)
+        cycle += out.stats.graph_time_s.get(CHAIN_CYCLE, 0.0)
+        cycles += out.stats.graph_calls.get(CHAIN_CYCLE, 0)
         prefill += out.stats.time_prefill_s
         stats.merge(out.stats)
     ms = lambda s: 1000 * s / tokens  # noqa: E731

@@ -85,6 +85,51 @@ def test_bench_cli_writes_every_figure(tmp_path, capsys):
     assert r["total_num_output_tokens"] <= 16
 
 
+def test_bench_times_without_profiling_on_the_resolved_backend(tmp_path, monkeypatch, capsys):
+    """The timed generate calls run with profile off (profile=True synchronises per graph call on
+    a GPU); the profile comes from a separate call. --enforce-eager (with --backend left at its
+    default, inductor) compiles with backend="eager" and says so."""
+    import eagle_fx
+    from eagle_fx.bench.modes import main as main_mode
+
+    timing, calls, backends = [False], [], []
+    real_compile, real_timed = eagle_fx.compile, main_mode.timed
+
+    class Recorded:
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, *args, **kwargs):
+            calls.append((timing[0], kwargs.get("profile", False)))
+            return self.model.generate(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+    def compile_recorded(*args, **kwargs):
+        backends.append(kwargs.get("backend"))
+        return Recorded(real_compile(*args, **kwargs))
+
+    def timed_recorded(*args, **kwargs):
+        timing[0] = True
+        try:
+            return real_timed(*args, **kwargs)
+        finally:
+            timing[0] = False
+
+    monkeypatch.setattr(eagle_fx, "compile", compile_recorded)
+    monkeypatch.setattr(main_mode, "timed", timed_recorded)
+    out = tmp_path / "bench.json"
+    bench_main(["--enforce-eager", "--num-prompts", "2", "--output-len", "8", "--json", str(out)])
+    assert backends == ["eager"]
+    assert "backend eager" in capsys.readouterr().out
+    timed_calls = [profile for inside, profile in calls if inside]
+    assert len(timed_calls) == 2 and not any(timed_calls)  # one call per prompt (batch 1), none profiled
+    assert [profile for inside, profile in calls if not inside].count(True) == 1  # the separate profiled run
+    r = json.loads(out.read_text())["eagle_fx"]
+    assert r["backend"] == "eager" and r["profile_s"] is not None and r["profiled_prompts"] == 1
+
+
 def test_bench_default_is_the_fast_path():
     """Plain `eagle-fx bench` compiles with inductor (frozen weights, the one-graph cycle)."""
     import argparse

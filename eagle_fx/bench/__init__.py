@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from eagle_fx.bench.args import add_args, check_args
+from eagle_fx.bench.args import add_args, check_args, resolved_backend
 from eagle_fx.bench.modes import (kv_share, long_context, main as main_mode, multiturn, random_mm, real_proportions,
                                   shift_table, throughput, tree_vs_chain)
 from eagle_fx.bench.prompts import load_prompts
@@ -50,15 +50,14 @@ def run(args) -> dict:
     """Check the flags, load the pair, run the mode they pick; returns (and with --json writes) the result."""
     check_args(args)
     torch.manual_seed(args.seed)
+    backend = resolved_backend(args)
     if args.synthetic_acceptance is not None:  # its own random base: the pair's folders are not read
-        backend = "eager" if args.enforce_eager else args.backend
         return _finish(args, real_proportions.run(args, backend))
     model_dir, eagle_dir = pair_dirs(args.model_dir, args.eagle_dir, args.method)
     check_pair_dirs(model_dir, eagle_dir)
     tokenizer, base, draft = load_pair(model_dir, eagle_dir)
     if draft.method != args.method:
         raise SystemExit(f"eagle-fx bench: {eagle_dir} holds an {draft.method} draft but --method is {args.method}")
-    backend = "eager" if args.enforce_eager else args.backend
     print(header(args, model_dir, eagle_dir, base, draft, backend), flush=True)
     eos = tokenizer.eos_token_id
     if args.long_context:

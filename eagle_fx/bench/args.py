@@ -82,6 +82,12 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
+def resolved_backend(args) -> str:
+    """The backend the run uses: --enforce-eager wins over --backend (read in this one place; each
+    mode gets the result)."""
+    return "eager" if args.enforce_eager else args.backend
+
+
 def check_args(args) -> None:
     """Refuse what the bench cannot do, naming the flag; parses --draft-tree in place."""
     if args.temp < 0 or not 0 < args.top_p <= 1 or args.top_k < -1:

@@ -32,14 +32,14 @@ def plain_decode(args, model, prompts, eos):
     return timed(generate_batch, prompts, "eagle_fx k=0", args.max_num_seqs)
 
 
-def run(args, model_dir, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model, tau: float) -> list[dict]:
+def run(args, model_dir, base, tokenizer, prompts, eagle_sequences, eagle_seconds: float, model, tau: float,
+        backend: str) -> list[dict]:
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     n_tokens = lambda seqs: sum(map(len, seqs))  # noqa: E731
     rows = []  # (method, output tokens, seconds, outputs, setup seconds)
     # eagle_fx's own plain decode first, next to the eagle_fx run: timed after HF's rows (their
     # torch.compile in this process among them) it once ran at about half its speed (bundled pair)
-    backend = "eager" if args.enforce_eager else args.backend
     plain_row = None
     if model.chain_cycle is not None:  # chains (greedy: check_args refuses --compare with --temp)
         outputs, seconds = plain_decode(args, model, prompts, eos)

@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from eagle_fx.runtime.stats import CHAIN_CYCLE
+
 # sizes of the real models (vocabulary cut to 32k: the real ones are 151,936 and 128,256)
 BASE_CONFIGS = {
     "qwen2.5-0.5b": ("Qwen2Config", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -72,8 +74,8 @@ def cycle_ms(model, prompts, output_len: int) -> float:
     calls = seconds = 0
     for prompt in prompts:
         stats = model.generate([prompt], max_new_tokens=output_len, eos_token_id=None, profile=True).stats
-        calls += stats.graph_calls.get("chain_cycle", 0)
-        seconds += stats.graph_time_s.get("chain_cycle", 0.0)
+        calls += stats.graph_calls.get(CHAIN_CYCLE, 0)
+        seconds += stats.graph_time_s.get(CHAIN_CYCLE, 0.0)
     return 1000 * seconds / max(calls, 1)
 
 
