@@ -107,7 +107,9 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, scale: float, sliding_window:
     """Causal attention over one sequence per batch row (the model's own, uncached semantics)."""
     t = q.shape[-2]
     mask = visible_keys(torch.arange(t, device=q.device), t, sliding_window)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    # enable_gqa=True also for equal head counts: a constant where a size comparison is symbolic (a
+    # traced backward with dynamic shapes)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
 def _write_kv(kv_pool: Tensor, layer: int, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
