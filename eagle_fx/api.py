@@ -1,6 +1,7 @@
 """`eagle_fx.compile`: options -> capture -> passes -> backend -> SpeculativeModel."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -168,9 +169,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
         raise ValueError("tensor_parallel does not run vision-language bases yet; use tensor_parallel=1")
     # a sharded base pool holds KVH/N heads per rank, the replicated draft all of its own: its own pool
     layer = _kv_share_layer(base, draft, options) if images is None and options.tensor_parallel == 1 else None
-    if layer is not None and options.draft_tree is not None:
-        raise ValueError(f"this draft reads base layer {layer}'s K/V (kv_share={options.kv_share!r}), which runs as a chain "
-                         "only; for draft_tree pass kv_share=None (the draft keeps its own K/V)")
+    if layer is not None and options.kv_share != layer:  # "auto" as the layer it resolved to: Options checks it
+        options = dataclasses.replace(options, kv_share=layer)
     device = next(base.parameters()).device
     if options.backend == "triton":
         from eagle_fx.ops.triton import triton_status

@@ -30,7 +30,8 @@ from torch import nn
 from torch.fx import GraphModule
 from torch.fx.graph import CodeGen
 
-from eagle_fx.drafts import select_features
+from eagle_fx.model_inputs import select_features
+from eagle_fx.multimodal import VisionLanguageBaseStep
 from eagle_fx.graph_kinds import CHAIN_GRAPHS, DRAFT_GRAPHS, GRAPH_KINDS, TREE_GRAPHS, FeatureInput
 from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.pipeline import CapturePlan, build_pipelines, run_passes
@@ -142,8 +143,6 @@ def step_exports(base: nn.Module, draft: nn.Module, plan: CapturePlan) -> dict[s
     M = torch.export.Dim("M", min=1, max=1 << 20)
     ids, pos, li, qsl = _example_inputs(dev)
     if plan.vision_language:
-        from eagle_fx.multimodal import VisionLanguageBaseStep
-
         base_step = VisionLanguageBaseStep(base, draft.aux_layer_ids, mrope=plan.mrope).eval()
         mm_embeds = (torch.zeros(2, base.get_input_embeddings().weight.shape[1], device=dev, dtype=dtype),)
         mm_dims = ({0: M},)

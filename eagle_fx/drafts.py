@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from eagle_fx import families
 from eagle_fx.kv_share import resolve_layer, rope_of
-from eagle_fx.multimodal import embed_tokens
+from eagle_fx.model_inputs import embed_tokens, select_features  # noqa: F401 - select_features: eagle_fx.train imports it from here
 
 
 class DraftAttention(nn.Module):
@@ -186,14 +186,6 @@ Draft = Eagle1Draft | Eagle3Draft
 
 
 # ----------------------------------------------------------------------------- construction
-
-
-def select_features(hidden_states, aux_layer_ids) -> torch.Tensor:
-    """The draft's input feature from HF `hidden_states`: EAGLE-3 concatenates the inputs of its
-    feature layers (low -> high); EAGLE-1 (no aux layers) takes the last state, after the final norm."""
-    if aux_layer_ids:
-        return torch.cat([hidden_states[i] for i in aux_layer_ids], dim=-1)
-    return hidden_states[-1]
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
-import eagle_fx
 from eagle_fx.draft_kv import DraftKV
 from eagle_fx.export_weights import WEIGHTS_FILE, SharedWeights, lift_weights, load_weights
 from eagle_fx.graph_kinds import GRAPH_KINDS
@@ -43,6 +43,8 @@ SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2
 # 2: the pair records draft_kv and mrope; 3: a verify graph of its own (device-side attention);
 # 4: weights are graph inputs from one weights.safetensors, no example inputs in the graph files
 FORMAT = 4
+# the installed eagle_fx (its package metadata; `import eagle_fx` here would close an import cycle)
+EAGLE_FX_VERSION = version("eagle_fx")
 
 
 class ExportError(ValueError):
@@ -126,7 +128,7 @@ def export(model: SpeculativeModel, out_dir, target: str = "exported_program") -
     manifest = {
         "format": FORMAT,
         "weights_file": WEIGHTS_FILE if weights is not None else None,
-        "eagle_fx_version": eagle_fx.__version__,
+        "eagle_fx_version": EAGLE_FX_VERSION,
         "torch_version": torch.__version__,
         "target": target,
         "graphs": files,
@@ -159,7 +161,7 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
         raise ExportError(f"{mf}: not valid JSON ({e})") from None
-    have = {"eagle_fx": eagle_fx.__version__, "torch": torch.__version__, "format": FORMAT}
+    have = {"eagle_fx": EAGLE_FX_VERSION, "torch": torch.__version__, "format": FORMAT}
     was = {"eagle_fx": manifest.get("eagle_fx_version"), "torch": manifest.get("torch_version"),
            "format": manifest.get("format")}
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import hashlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from eagle_fx.model_inputs import embed_tokens, select_features
 
 SUPPORTED = ("llava", "qwen2_vl")  # config.model_type of the vision-language families eagle_fx runs
 
@@ -73,17 +73,6 @@ def language_model(base) -> nn.Module:
     return lm
 
 
-def embed_tokens(input_ids: torch.Tensor, embed: nn.Embedding, mm_embeds: torch.Tensor | None) -> torch.Tensor:
-    """Token embeddings by the `embed` module; with mm_embeds, ids >= its rows (the vocab size)
-    take rows of mm_embeds instead."""
-    if mm_embeds is None:
-        return embed(input_ids)
-    vocab = embed.weight.shape[0]
-    text = embed(input_ids.clamp(max=vocab - 1))
-    image = F.embedding((input_ids - vocab).clamp(min=0), mm_embeds.to(text.dtype))
-    return torch.where((input_ids < vocab)[..., None], text, image)
-
-
 class VisionLanguageBaseStep(nn.Module):
     """BaseStep for a vision-language base: its language model on packed tokens whose image
     placeholders are virtual ids into mm_embeds; logits at `logits_indices`, features at every token.
@@ -99,8 +88,6 @@ class VisionLanguageBaseStep(nn.Module):
         self.mrope = mrope
 
     def forward(self, input_ids, positions, logits_indices, mm_embeds, rope_positions=None):
-        from eagle_fx.drafts import select_features
-
         e = embed_tokens(input_ids, self.embed, mm_embeds)
         out = self.language_model(inputs_embeds=e, position_ids=rope_positions if self.mrope else positions,
                                   output_hidden_states=True, use_cache=False)

@@ -62,8 +62,9 @@ class Options:
         if self.draft_tree is not None:
             object.__setattr__(self, "draft_tree", DraftTree.of(self.draft_tree))
             if isinstance(ks, int) and not isinstance(ks, bool):
-                raise ValueError("draft_tree does not run with kv_share=LAYER (the draft's speculated K/V ring is a "
-                                 "chain); use kv_share='pool' or None with a tree")
+                raise ValueError(f"draft_tree does not run with kv_share=LAYER (here {ks}; kv_share='auto' takes a "
+                                 "sharing draft's trained layer): the draft's speculated K/V ring is a chain; pass "
+                                 "kv_share=None (the draft keeps its own K/V) or 'pool' with a tree")
         tp = self.tensor_parallel
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")

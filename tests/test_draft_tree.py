@@ -147,6 +147,11 @@ def test_options_are_checked():
         eagle_fx.compile(base, draft, draft_tree=[2, 3, 4])
     with pytest.raises(ValueError, match="kv_share=LAYER"):
         eagle_fx.compile(base, draft, draft_tree=TREE, kv_share=1)
+    from eagle_fx.drafts import new_draft
+
+    sharing = new_draft(base, "eagle", seed=3, kv_share=1)  # trained to read base layer 1: kv_share="auto" takes it
+    with pytest.raises(ValueError, match=r"draft_tree does not run with kv_share=LAYER \(here 1"):
+        eagle_fx.compile(base, sharing, draft_tree=TREE)
     with pytest.raises(ValueError, match="pass draft_tree= to eagle_fx.compile"):
         compiled("llama", "eagle").replace(draft_tree=TREE)
     assert DraftTree.of(TREE).num_candidates == 2 + 2 * 4
