@@ -54,7 +54,6 @@ def main(argv=None):
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_bench: no CUDA device; pass --device cpu (small sizes) to try the script")
     import eagle_fx
-    from eagle_fx.runtime import ChainProposer
     from step_costs import mean_latency  # bench/step_costs.py, beside this script
 
     base, draft = build(args)
@@ -88,12 +87,11 @@ def main(argv=None):
         outs = out.sequences
         try:
             own = model.replace(num_spec_tokens=0).generate(prompts, max_new_tokens=args.output_len).sequences
-        except ValueError as e:  # k=0 needs the one-function cycle (not on the triton backend's static steps)
+        except ValueError as e:  # a pair that cannot decode without its draft
             print(f"eagle_fx {backend}: no own plain decode to compare with ({e})", file=sys.stderr)
             own = None
-        # per-graph costs: a profiled run graph by graph (the override routes the cycle through its parts)
-        stepwise = model.replace(proposer=ChainProposer(override=lambda contexts, j, tokens: tokens))
-        prof = stepwise.generate(prompts[:2], max_new_tokens=args.output_len, profile=True).stats
+        # per-graph costs: a profiled run graph by graph (profile="graphs": the cycle through the executor)
+        prof = model.generate(prompts[:2], max_new_tokens=args.output_len, profile="graphs").stats
         d, v = mean_latency(prof, "draft_step"), mean_latency(prof, "verify")
         rows.append({"method": f"eagle_fx {backend}" + (" + CUDA graphs" if model.executor.cuda_graphs else ""),
                      "tokens_per_s": sum(map(len, outs)) / secs, "equal_to_hf": outs == ref,

@@ -89,7 +89,6 @@ def main(argv=None) -> dict:
     from eagle_fx.bench import ctranslate2_peer
     from eagle_fx.bench.prompts import load_prompts
     from eagle_fx.bundled import load_pair, pair_dirs
-    from eagle_fx.runtime import ChainProposer
 
     model_dir, eagle_dir = pair_dirs(args.model_dir, args.eagle_dir, "eagle")
     tokenizer, base, draft = load_pair(model_dir, eagle_dir)
@@ -110,10 +109,9 @@ def main(argv=None) -> dict:
               "setup_s": round(setup_s, 1), "k0": per_token(plain, prompts, args.output_len, eos),
               f"k{k}": per_token(model, prompts, args.output_len, eos)}
 
-    # the parts of a cycle, each graph on its own (the graph-by-graph runtime, same compiled graphs)
-    stepwise = model.replace(proposer=ChainProposer(override=lambda contexts, j, tokens: tokens))
-    stepwise.generate(prompts[:1], max_new_tokens=8, eos_token_id=eos)
-    timed = stepwise.generate(prompts, max_new_tokens=args.output_len, eos_token_id=eos, profile=True).stats
+    # the parts of a cycle, each graph on its own (profile="graphs": the cycle through the executor, same graphs)
+    model.generate(prompts[:1], max_new_tokens=8, eos_token_id=eos, profile="graphs")
+    timed = model.generate(prompts, max_new_tokens=args.output_len, eos_token_id=eos, profile="graphs").stats
     draft_step, verify, extend = (mean_latency(timed, g) for g in ("draft_step", "verify", "draft_extend"))
     decode = result["k0"]["ms_per_cycle"] / 1000
     tau = result[f"k{k}"]["mean_acceptance_length"]

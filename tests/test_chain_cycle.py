@@ -5,6 +5,9 @@ inputs; run on meta / fake tensors, the decode-step attention and the whole chai
 value on the host (a .tolist() / .item() / nonzero there raises); torch.profiler finds no
 aten::_local_scalar_dense (nor nonzero) inside a cycle of a real generate; and the greedy tokens
 stay Hugging Face's."""
+import dataclasses
+from functools import partial
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -12,7 +15,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base, tiny_draft
 from eagle_fx.ops.canonical import cached_attention_ref, shared_cached_attention_ref, tree_cached_attention_ref
-from eagle_fx.runtime.chain_cycle import chain_cycle
+from eagle_fx.runtime.chain_cycle import CycleNoise, call_graphs, chain_cycle
+from eagle_fx.runtime.sampling import Sampler
 
 H, KVH, D, BS = 4, 2, 8, 4
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::masked_select", "aten::is_nonzero")
@@ -95,14 +99,16 @@ def test_chain_cycle_reads_nothing_on_the_host(method, sampling):
     """The whole cycle (draft steps, verify, acceptance, extend) on fake tensors: any host read raises."""
     model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", method), num_spec_tokens=3, max_batch_size=2,
                              max_seq_len=32)
-    cycle = model.chain_cycle
-    settings = cycle.base_settings
+    settings = model.chain_cycle.base_settings
+    noise = CycleNoise()
     if sampling:
-        settings = type(settings)(settings.num_spec_tokens, settings.draft_offset, settings.block_size, 0.8, 5, 0.9)
+        settings = dataclasses.replace(settings, sampling=True)
+        noise = CycleNoise(Sampler(0.8, 5, 0.9).warping(2, "cpu"), torch.rand(2, 3), torch.rand(2, 4, model.vocab_size))
+    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in _cycle_inputs(model)]
-        noise = (torch.rand(2, 3), torch.rand(2, 4, model.vocab_size)) if sampling else (None, None)
-        out = chain_cycle(cycle.graphs, model.signatures, model.spec, settings, *inputs, *noise)
+        pools, *inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in _cycle_inputs(model)]
+        run = partial(call_graphs, graphs, model.signatures, pools)
+        out = chain_cycle(run, model.spec, settings, *inputs, noise)
     accepted, next_token, drafts = out[:3]
     assert accepted.shape == next_token.shape == (2,) and drafts.shape == (2, 3)
 

@@ -6,7 +6,6 @@ import torch
 import eagle_fx
 from conftest import FAMILIES, FAMILY, hf_greedy, make_prompts, tiny_base, tiny_draft
 from eagle_fx.families import kv_shape
-from eagle_fx.runtime import ChainProposer
 from test_runtime import CopyReference
 
 MAX_NEW = 20
@@ -21,7 +20,7 @@ def test_family_generates_hf_greedy(arch):
     assert len({t for r in refs for t in r}) > 5  # not a one-token text: the oracle can tell positions apart
     model = eagle_fx.compile(tiny_base(arch), tiny_draft(arch, "eagle"), num_spec_tokens=3, prefill_chunk_size=5)
     assert model.generate(prompts, max_new_tokens=MAX_NEW).sequences == refs
-    forced = model.replace(proposer=ChainProposer(CopyReference(prompts, refs, every=4)))
+    forced = model.replace(forced_drafts=CopyReference(prompts, refs, every=4))
     out = forced.generate(prompts, max_new_tokens=MAX_NEW)
     assert out.sequences == refs
     assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens

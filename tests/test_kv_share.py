@@ -9,7 +9,6 @@ import torch
 import eagle_fx
 from conftest import hf_greedy, make_prompts, tiny_base
 from eagle_fx.drafts import new_draft
-from eagle_fx.runtime import ChainProposer
 from eagle_fx.train import base_features, unroll
 from test_runtime import CopyReference
 
@@ -60,7 +59,7 @@ def test_draft_states_match_training_attention(method, k, every):
     prompts = make_prompts(3)
     refs = hf_greedy(arch, prompts, MAX_NEW)
     model = eagle_fx.compile(base, draft, num_spec_tokens=k, max_batch_size=3, max_seq_len=128).replace(
-        proposer=ChainProposer(CopyReference(prompts, refs, every)))
+        forced_drafts=CopyReference(prompts, refs, every))
     rec = Recorder(model)
     assert model.generate(prompts, max_new_tokens=MAX_NEW).sequences == refs
 

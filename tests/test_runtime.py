@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from conftest import ARCHS, compiled, hf_greedy, make_prompts, tiny_base
-from eagle_fx.runtime import ChainProposer
+import eagle_fx
+from conftest import ARCHS, compiled, hf_greedy, make_prompts, tiny_base, tiny_draft
 
 MAX_NEW = 24
 
@@ -58,22 +58,25 @@ def test_shifted_reference_scheme_matches_hf(arch, method):
 
 
 class CopyReference:
-    """Test-only proposal hook: propose the base's own greedy continuation, wrong every `every`th time."""
+    """Test-only forced drafts (forced_drafts=): the base's own greedy continuation, every `every`th
+    draft token wrong."""
 
     def __init__(self, prompts, refs, every=0):
         self.full = {tuple(p): p + r for p, r in zip(prompts, refs)}
         self.every = every
         self.calls = 0
 
-    def __call__(self, contexts, j, proposal):
-        out = proposal.clone()
-        for i, ctx in enumerate(contexts):
-            full = next(f for p, f in self.full.items() if list(ctx[:len(p)]) == list(p) and len(f) >= len(ctx))
-            idx = len(ctx) + j
-            self.calls += 1
-            right = full[idx] if idx < len(full) else 0
-            wrong = self.every and self.calls % self.every == 0
-            out[i] = (right + 1) % 96 if wrong else right
+    def __call__(self, contexts, k):
+        fulls = [next(f for p, f in self.full.items() if list(ctx[:len(p)]) == list(p) and len(f) >= len(ctx))
+                 for ctx in contexts]
+        out = [[0] * k for _ in contexts]
+        for j in range(k):  # position by position, as the draft proposes them
+            for i, (ctx, full) in enumerate(zip(contexts, fulls)):
+                idx = len(ctx) + j
+                self.calls += 1
+                right = full[idx] if idx < len(full) else 0
+                wrong = self.every and self.calls % self.every == 0
+                out[i][j] = (right + 1) % 96 if wrong else right
         return out
 
 
@@ -83,7 +86,7 @@ class CopyReference:
 def test_forced_accept_path(arch, method, k, every):
     prompts = make_prompts(3)
     refs = hf_greedy(arch, prompts, MAX_NEW)
-    model = compiled(arch, method).replace(num_spec_tokens=k, proposer=ChainProposer(CopyReference(prompts, refs, every)))
+    model = compiled(arch, method).replace(num_spec_tokens=k, forced_drafts=CopyReference(prompts, refs, every))
     out = model.generate(prompts, max_new_tokens=MAX_NEW)
     assert out.sequences == refs
     st = out.stats
@@ -154,8 +157,9 @@ def test_without_speculation_matches_hf(arch, method, chunk):
 
 def test_without_speculation_refused_where_it_cannot_run():
     model = compiled("llama", "eagle")
-    with pytest.raises(ValueError, match="num_spec_tokens=0 .* not with draft_tree"):
-        model.replace(num_spec_tokens=0, proposer=ChainProposer(lambda contexts, j, tokens: tokens))
+    with pytest.raises(ValueError, match="num_spec_tokens=0 .* without a draft tree"):
+        eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), num_spec_tokens=0,
+                         draft_tree=dict(top_k=2, depth=2, total_tokens=3))
     with pytest.raises(ValueError, match="num_spec_tokens must be an int >= 0"):
         model.replace(num_spec_tokens=-1)
 
@@ -185,11 +189,11 @@ def test_two_threads_on_one_model_both_get_hf_greedy():
 
 
 def test_generate_inside_generate_is_a_clear_error():
-    def nested(contexts, j, tokens):  # a callback that calls generate on the model that runs it
+    def nested(contexts, k):  # a callback that calls generate on the model that runs it
         model.generate([[1, 2]], max_new_tokens=2)
-        return tokens
+        return [[-1] * k for _ in contexts]
 
-    model = compiled("llama", "eagle").replace(max_batch_size=1, proposer=ChainProposer(nested))
+    model = compiled("llama", "eagle").replace(max_batch_size=1, forced_drafts=nested)
     with pytest.raises(RuntimeError, match="inside a running generate"):
         model.generate([[1, 2, 3]], max_new_tokens=4)
     # the model is usable afterwards (one token: prefill only, the callback does not run)
@@ -222,9 +226,8 @@ def test_profiler_is_opt_in():
     # one chain cycle per speculation step (both sequences in one while both run)
     assert timed.graph_calls["chain_cycle"] <= timed.num_drafts and timed.graph_calls["base"] >= 1
     assert timed.time_cycle_s == pytest.approx(timed.graph_time_s["chain_cycle"])
-    # graph by graph (a proposer with a hook runs the cycle step by step): k - 1 draft steps per verify
-    stepwise = model.replace(proposer=ChainProposer(override=lambda contexts, j, tokens: tokens)).generate(
-        prompts, max_new_tokens=12, profile=True)
+    # graph by graph (profile="graphs" runs the cycle through the executor): k - 1 draft steps per verify
+    stepwise = model.generate(prompts, max_new_tokens=12, profile="graphs")
     assert stepwise.sequences == model.generate(prompts, max_new_tokens=12).sequences
     steps = stepwise.stats
     assert steps.graph_calls["draft_step"] == 2 * steps.graph_calls["verify"] and "chain_cycle" not in steps.graph_calls

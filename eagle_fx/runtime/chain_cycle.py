@@ -1,19 +1,26 @@
-"""A chain's speculative cycle as one function: the k-1 draft steps, the verify, acceptance on the
-device (greedy, or rejection sampling from noise drawn before the call) and the padded draft
-extend over the k+1 verified positions.
+"""A chain's speculative cycle as one function, the only one a chain runs: the k-1 draft steps, the
+verify, acceptance on the device (greedy, or rejection sampling from noise drawn before the call)
+and the padded draft extend over the k+1 verified positions.
 
-    accepted, next_token, drafts, draft_logits, draft_hidden, features = chain_cycle(...)
+    accepted, next_token, drafts, draft_logits, draft_hidden, features = chain_cycle(run, ...)
+
+`run(graph, values)` makes one step-graph call. `ChainCycle` gives it one of two ways:
+- compiled (backend="inductor", no static buffers, no per-wave tables, nobody observing): the step
+  graphs called directly on the pools, and the whole cycle compiled once with torch.compile
+  (fullgraph, dynamic sizes, frozen weights): one graph per cycle for every batch size, context
+  length and sampling setting;
+- through the executor (every other case: the eager backend, static buffers / CUDA graphs, a
+  vision-language base's wave tables, observers, per-graph profiling): the same function, run as
+  Python, each step graph called through `Executor.step` / `Executor.call`.
 
 Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
 inside reads a value on the host (the attention of these graphs is device-side, see
-passes/mark_uniform_queries.py). With backend="inductor" `ChainCycle` compiles it once with
-torch.compile (fullgraph, dynamic sizes): one graph per cycle, the same one for every batch size
-and context length. With "eager" it runs as plain Python over the step graphs. The host reads its
-outputs once per cycle (eagle_fx.runtime.scheduler).
+passes/mark_uniform_queries.py). The host reads the outputs once per cycle (runtime.scheduler).
 
-Sampling: the draft tokens and the resampled / bonus token are drawn by the exponential race
-(argmax p / E with E ~ Exp(1), a sample from p), and the acceptance test uses uniforms; both noise
-tensors come from the call's generator outside the graph, so the graph itself is deterministic.
+Sampling (eagle_fx.runtime.sampling): temperature, top-k and top-p are per-row tensors (inputs,
+not constants: one compiled function serves every setting; a row at temperature 0 is greedy).
+Tokens are drawn by the exponential race (argmax p / E, E ~ Exp(1)); the acceptance test uses
+uniforms; both noise tensors come from the call's generator outside the graph.
 """
 from __future__ import annotations
 
@@ -26,57 +33,69 @@ import torch
 from eagle_fx.passes import inline_uniform_attention
 from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.runtime.compiled import compile_dynamic
-from eagle_fx.runtime.sampling import greedy, race_sample, warp
+from eagle_fx.runtime.sampling import Warping, greedy, race_sample
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
-from eagle_fx.runtime.verifier import greedy_accept, rejection_accept_drawn
+from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
 
 
 @dataclass(frozen=True)
 class CycleSettings:
-    """What a compiled cycle is specialised on (one compiled variant per distinct value)."""
+    """What a compiled cycle is specialised on: at most one variant per combination of the flags."""
 
     num_spec_tokens: int
     draft_offset: int
     block_size: int
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: bool = False  # False: every row greedy (no warping, no noise)
+    forced_drafts: bool = False  # a test oracle's tokens replace the draft's where they are >= 0
     # the bench's real-proportions mode only: each draft position accepted by a coin of this
     # probability (from `uniforms`), not by matching; the output is then NOT the base's greedy
     synthetic_acceptance: float | None = None
 
 
-def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, pools: dict, pending: torch.Tensor,
-                committed_len: torch.Tensor, block_table: torch.Tensor, spec_rows: torch.Tensor,
-                draft_logits: torch.Tensor, draft_hidden: torch.Tensor, uniforms: torch.Tensor | None,
-                noise: torch.Tensor | None):
-    """One cycle for B sequences. pools: {"base": the base graphs' pools, "draft": the draft's}
-    (KVCache.pools_by_side). pending [B] (the last sampled token), committed_len [B],
-    block_table [B, blocks], spec_rows [B], draft_logits [B, Vd] / draft_hidden [B, H] (the draft's
-    last call); sampling: uniforms [B, k], noise [B, k+1, V] (None when greedy). Returns accepted
-    [B], next_token [B], drafts [B, k], the extend's draft_logits / draft_hidden, and the base's
-    features at the k+1 verified positions [B, k+1, F]. k = 0 is plain decoding: the verify of the
-    pending token alone, no draft (draft_logits / draft_hidden pass through)."""
+@dataclass
+class CycleNoise:
+    """What a cycle draws, drawn before it from the call's generator (None where not needed)."""
+
+    warping: Warping | None = None  # per-row temperature / top-k / top-p (sampling)
+    uniforms: torch.Tensor | None = None  # [B, k] the acceptance test's (or the synthetic coin's)
+    race: torch.Tensor | None = None  # [B, k+1, V] Exp(1): the draft tokens and the next token
+    forced: torch.Tensor | None = None  # [B, k] forced draft tokens (-1: the draft's own)
+
+
+def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, committed_len: torch.Tensor,
+                block_table: torch.Tensor, spec_rows: torch.Tensor, draft_logits: torch.Tensor,
+                draft_hidden: torch.Tensor, noise: CycleNoise):
+    """One cycle for B sequences. run(graph, values) -> the graph's outputs. pending [B] (the last
+    sampled token), committed_len [B], block_table [B, blocks], spec_rows [B], draft_logits [B, Vd]
+    / draft_hidden [B, H] (the draft's last call). Returns accepted [B], next_token [B], drafts
+    [B, k], the extend's draft_logits / draft_hidden, and the base's features at the k+1 verified
+    positions [B, k+1, F]. k = 0 is plain decoding: the verify of the pending token alone, no draft
+    (draft_logits / draft_hidden pass through)."""
     k, offset, block_size = settings.num_spec_tokens, settings.draft_offset, settings.block_size
-    is_greedy = settings.temperature == 0
+    num_seqs = pending.shape[0]
 
-    def run(name: str, values: dict):
-        signature = signatures[name]
-        return graphs[name](**signature.select({**pools["base" if signature.is_base else "draft"], **values}))
+    def probs(logits, rows_per_seq: int):  # logits [B * rows, V] -> the warped distribution [B, rows, V]
+        return noise.warping.probs(logits.view(num_seqs, rows_per_seq, -1))
 
-    def probs(logits):
-        return warp(logits, settings.temperature, settings.top_k, settings.top_p)
+    def pick(logits, j):  # draft token j (target ids) and, when sampling, the distribution it was drawn from
+        if settings.sampling:
+            q = spec.to_target_probs(probs(logits, 1)[:, 0])
+            token = race_sample(q, noise.race[:, j])
+        else:
+            q, token = None, spec.to_target(greedy(logits))
+        if settings.forced_drafts:
+            token = torch.where(noise.forced[:, j] >= 0, noise.forced[:, j], token)
+        return token, q
 
-    def pick(logits, j):
-        if is_greedy:
-            return spec.to_target(greedy(logits)), None
-        q = spec.to_target_probs(probs(logits))
-        return race_sample(q, noise[:, j]), q
-
+    verify_extra = dict(seq_rows=spec_rows)  # a vision-language base's M-RoPE rows
     if k == 0:  # num_spec_tokens=0: the base alone, one token per cycle; the draft does not run
         no_drafts = pending[:, None][:, :0]  # [B, 0]
-        logits, features = run("verify", verify_inputs(pending, no_drafts, committed_len, block_table, block_size))
-        next_token = greedy(logits) if is_greedy else race_sample(probs(logits), noise[:, 0])
+        logits, features = run("verify", {**verify_inputs(pending, no_drafts, committed_len, block_table, block_size),
+                                          **verify_extra})
+        if settings.sampling:
+            next_token = race_sample(probs(logits, 1)[:, 0], noise.race[:, 0])
+        else:
+            next_token = greedy(logits)
         return torch.zeros_like(pending), next_token, no_drafts, draft_logits, draft_hidden, features[:, None]
     token, q = pick(draft_logits, 0)
     tokens, draft_probs, hidden = [token], [q], draft_hidden
@@ -88,17 +107,17 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
         tokens.append(token)
         draft_probs.append(q)
     drafts = torch.stack(tokens, dim=1)
-    num_seqs = drafts.shape[0]
-    logits, features = run("verify", verify_inputs(pending, drafts, committed_len, block_table, block_size))
+    logits, features = run("verify", {**verify_inputs(pending, drafts, committed_len, block_table, block_size),
+                                      **verify_extra})
     if settings.synthetic_acceptance is not None:  # bench only: acceptance by a coin, cost as in a real cycle
         target = greedy(logits).view(num_seqs, k + 1)
-        accepted = (uniforms < settings.synthetic_acceptance).long().cumprod(dim=1).sum(dim=1)
+        accepted = (noise.uniforms < settings.synthetic_acceptance).long().cumprod(dim=1).sum(dim=1)
         next_token = target.gather(1, accepted[:, None])[:, 0]
-    elif is_greedy:
-        accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
+    elif settings.sampling:
+        accepted, next_token = rejection_accept(drafts, torch.stack(draft_probs, dim=1), probs(logits, k + 1),
+                                                noise.uniforms, noise.race[:, k])
     else:
-        accepted, next_token = rejection_accept_drawn(drafts, torch.stack(draft_probs, dim=1),
-                                                      probs(logits.view(num_seqs, k + 1, -1)), uniforms, noise[:, k])
+        accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
     features = features.view(num_seqs, k + 1, -1)
     inputs, _ = extend_inputs(drafts, accepted, next_token, features, committed_len, block_table, spec_rows, offset,
                               block_size)
@@ -106,19 +125,36 @@ def chain_cycle(graphs: dict, signatures: dict, spec, settings: CycleSettings, p
     return accepted, next_token, drafts, draft_logits, draft_hidden, features
 
 
+def call_graphs(graphs: dict, signatures: dict, pools: dict, graph: str, values: dict):
+    """A step graph called directly on the pools (pools: KVCache.pools_by_side())."""
+    signature = signatures[graph]
+    return graphs[graph](**signature.select({**pools["base" if signature.is_base else "draft"], **values}))
+
+
+def _compiled_cycle(graphs, signatures, spec, settings, pools, pending, committed_len, block_table, spec_rows,
+                    draft_logits, draft_hidden, noise):
+    run = partial(call_graphs, graphs, signatures, pools)
+    return chain_cycle(run, spec, settings, pending, committed_len, block_table, spec_rows, draft_logits,
+                       draft_hidden, noise)
+
+
 class ChainCycle:
-    """A model's chain cycle: plain Python over the step graphs, or (compile=True) one
-    torch.compile'd graph per sampling setting, dynamic in batch size and block-table width.
+    """A model's chain cycle. compile=True (backend="inductor" with the GraphModules at hand): a
+    torch.compile'd variant per CycleSettings (greedy / sampling / forced drafts / the bench's coin:
+    a handful, never one per sampling value), dynamic in batch size and block-table width, used
+    whenever the call allows it (see `compiled_for`); otherwise, and for the calls that need the
+    executor, the cycle runs as Python over the executor's step-graph calls.
 
     Compiled, a batch of one sequence is a graph of its own (torch.compile specialises a size of
     1; the warm-up compiles both), and the block table has at least 2 columns (a narrower one gets
     a masked second column), so the width never specialises."""
 
-    def __init__(self, graphs: dict, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
-                 block_size: int, compile: bool):
-        if compile:  # the device-side attention traced into the one compiled graph (not opaque ops)
+    def __init__(self, graphs: dict | None, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
+                 block_size: int):
+        self.compile = graphs is not None
+        if self.compile:  # the device-side attention traced into the one compiled graph (not opaque ops)
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
-        self.graphs, self.signatures, self.spec, self.compile = graphs, signatures, spec, compile
+        self.graphs, self.signatures, self.spec = graphs, signatures, spec
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
         self._fns: dict[CycleSettings, object] = {}
         self._coin: torch.Generator | None = None  # set by use_synthetic_acceptance (the bench)
@@ -133,34 +169,55 @@ class ChainCycle:
         self.base_settings = dataclasses.replace(self.base_settings, synthetic_acceptance=float(probability))
         self._coin = torch.Generator(device=self.spec.device).manual_seed(seed)
 
-    def _fn(self, settings: CycleSettings):
+    def _compiled(self, settings: CycleSettings):
         fn = self._fns.get(settings)
         if fn is None:
-            fn = partial(chain_cycle, self.graphs, self.signatures, self.spec, settings)
-            if self.compile:
-                fn = compile_dynamic(fn, fullgraph=True, frozen_on=self.spec.device, cpp_wrapper=True)
+            fn = partial(_compiled_cycle, self.graphs, self.signatures, self.spec, settings)
+            fn = compile_dynamic(fn, fullgraph=True, frozen_on=self.spec.device, cpp_wrapper=True)
             self._fns[settings] = fn
         return fn
 
-    def __call__(self, sampler, pools: dict, pending, committed_len, block_table, spec_rows, draft_logits,
-                 draft_hidden):
+    def compiled_for(self, executor, tables, graph_by_graph: bool) -> bool:
+        """Whether a call runs the compiled cycle: not when its graph calls must go through the
+        executor (static buffers, a wave's image tables, observers, per-graph profiling)."""
+        return (self.compile and not graph_by_graph and tables is None and not executor.static
+                and not executor.observers)
+
+    def __call__(self, executor, sampler, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden,
+                 *, tables=None, profiler=None, graph_by_graph: bool = False, forced: torch.Tensor | None = None):
+        """One cycle of the sequences (see chain_cycle). sampler: the call's Sampler; tables: the
+        wave's WaveTables (a vision-language base) or None; forced [B, k]: a test oracle's draft
+        tokens (-1: the draft's own; greedy only)."""
         settings = self.base_settings
+        num_seqs, k, device = pending.shape[0], settings.num_spec_tokens, pending.device
+        noise = CycleNoise(forced=forced)
+        if forced is not None:
+            if not sampler.is_greedy:
+                raise ValueError("forced draft tokens (a test oracle) run greedy only")
+            settings = dataclasses.replace(settings, forced_drafts=True)
         if not sampler.is_greedy:
             if settings.synthetic_acceptance is not None:
                 raise ValueError("synthetic acceptance (a bench mode) runs greedy only")
-            settings = CycleSettings(settings.num_spec_tokens, settings.draft_offset, settings.block_size,
-                                     sampler.temperature, sampler.top_k, sampler.top_p)
-        num_seqs, k = pending.shape[0], settings.num_spec_tokens
-        uniforms = noise = None
-        if settings.synthetic_acceptance is not None:
-            uniforms = torch.rand(num_seqs, k, generator=self._coin, device=pending.device)
-        if not sampler.is_greedy:
-            uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=pending.device)
-            noise = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=pending.device).exponential_(
+            settings = dataclasses.replace(settings, sampling=True)
+            noise.warping = sampler.warping(num_seqs, device)
+            noise.uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=device)
+            noise.race = torch.empty(num_seqs, k + 1, self.spec.vocab_size, device=device).exponential_(
                 generator=sampler.generator)
-        if self.compile and block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
-            block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
+        elif settings.synthetic_acceptance is not None:
+            noise.uniforms = torch.rand(num_seqs, k, generator=self._coin, device=device)
         with torch.no_grad():
-            out = self._fn(settings)(pools, pending, committed_len, block_table, spec_rows, draft_logits,
-                                     draft_hidden, uniforms, noise)
-        return out
+            if self.compiled_for(executor, tables, graph_by_graph):
+                if block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
+                    block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
+                started = profiler.start() if profiler is not None else 0.0
+                out = self._compiled(settings)(executor.kv_cache.pools_by_side(), pending, committed_len, block_table,
+                                               spec_rows, draft_logits, draft_hidden, noise)
+                if profiler is not None:
+                    profiler.stop("chain_cycle", started)
+                return out
+
+            def run(graph: str, values: dict):  # through static buffers where the model has them
+                return executor.step(graph, num_seqs, tables, profiler, **values)
+
+            return chain_cycle(run, self.spec, settings, pending, committed_len, block_table, spec_rows, draft_logits,
+                               draft_hidden, noise)

@@ -1,5 +1,6 @@
-"""One speculative cycle of a wave's active sequences: propose, verify, accept, then the draft's
-extend over what was accepted.
+"""One speculative cycle of a draft tree (a chain's is eagle_fx.runtime.chain_cycle): the
+tree-masked verify, acceptance along the tree, then the draft's extend over the accepted path.
+The positions are a chain's (below), with the accepted path's K/V compacted in front:
 
 Positions, for a sequence whose base KV holds x_0..x_{m-1} (committed_len m) and whose last
 sampled token x_m is pending (draft_offset o: 1 unshifted, where draft slot p holds (t_p, f_{p-1});
@@ -23,8 +24,8 @@ import torch
 
 from eagle_fx.draft_tree import tree_mask
 from eagle_fx.runtime.kv_cache import slot_mapping
-from eagle_fx.runtime.step_inputs import extend_inputs, verify_inputs
-from eagle_fx.runtime.verifier import accept_chain, accept_tree
+from eagle_fx.runtime.step_inputs import extend_inputs
+from eagle_fx.runtime.verifier import accept_tree
 
 
 @dataclass
@@ -50,16 +51,6 @@ class Verified:
     next_token: torch.Tensor  # [A] the base's token after them (bonus or resampled)
     drafted: torch.Tensor  # [A, W] the accepted path's drafts (the first `accepted` count)
     path_features: torch.Tensor  # [A, W+1, F] the base's features at [pending, drafted...]
-
-
-def verify_chain(model, call, wave, batch: ActiveBatch, proposal) -> Verified:
-    """One verify of [pending, d_1..d_k] per sequence, and acceptance along the chain."""
-    k, drafts = model.options.num_spec_tokens, proposal.tokens
-    logits, features = model.executor.step(
-        "verify", batch.size, wave.tables, call.profiler, seq_rows=batch.wave_rows,
-        **verify_inputs(batch.pending, drafts, batch.committed_len, batch.block_table, model.options.block_size))
-    accepted, next_token = accept_chain(call.sampler, drafts, proposal.draft_probs, logits)
-    return Verified(accepted, next_token, drafts, features.view(batch.size, k + 1, -1))
 
 
 def verify_tree(model, call, wave, batch: ActiveBatch, proposal) -> Verified:

@@ -16,7 +16,7 @@ from eagle_fx.runtime.executor import Executor
 from eagle_fx.runtime.hf_inputs import NOT_GIVEN, check_streamer, prompts_from, settings_from
 from eagle_fx.runtime.kv_cache import KVCache, slot_mapping
 from eagle_fx.runtime.pair import PairSpec
-from eagle_fx.runtime.proposer import ChainProposer, TreeProposer
+from eagle_fx.runtime.proposer import TreeProposer
 from eagle_fx.runtime.sampling import Sampler
 from eagle_fx.runtime.scheduler import CONFIG_EOS, GenerateCall, check_prompts, eos_set, new_wave, run_wave
 from eagle_fx.runtime.signature import StepSignature
@@ -33,13 +33,16 @@ class SpeculativeModel:
 
     More prompts than `max_batch_size` are run in waves of at most `max_batch_size` sequences.
     `graphs` (the GraphModules, with their pass log) is None for a pair loaded from exported files;
-    `signatures` then says what each graph takes. `proposer`: a ChainProposer or TreeProposer
-    (default: the one the options ask for), the injection point for test oracles.
+    `signatures` then says what each graph takes. A chain runs its cycle as one function
+    (eagle_fx.runtime.chain_cycle); a draft tree runs `proposer` (a TreeProposer, the injection
+    point for tree test oracles). `forced_drafts(contexts, k) -> [A, k] token ids (-1: the draft's
+    own)`, a test oracle for chains: called before each cycle with each active sequence's prompt +
+    output, its tokens replace the draft's proposals (greedy only).
     """
 
     def __init__(self, graphs, callables: dict, options: Options, spec: PairSpec,
                  signatures: dict[str, StepSignature] | None = None, image_encoder=None, proposer=None,
-                 chain_cycles: dict | None = None):
+                 chain_cycles: dict | None = None, forced_drafts=None):
         self.graphs, self.callables, self.options, self.spec = graphs, callables, options, spec
         self.image_encoder = image_encoder  # a vision-language base's images -> embeddings (eagle_fx.multimodal)
         self.signatures = signatures or {name: StepSignature.of_graph(name, getattr(graphs, name)) for name in callables}
@@ -51,10 +54,13 @@ class SpeculativeModel:
             raise ValueError("draft_tree does not run with a KV-sharing draft (kv_share=LAYER)")
         if spec.vision_language:
             refuse_options(options)
-        self.proposer = proposer or (ChainProposer() if self.tree is None else TreeProposer())
-        if isinstance(self.proposer, TreeProposer) != (self.tree is not None):
-            raise ValueError(f"a {type(self.proposer).__name__} does not fit "
-                             f"{'a draft tree' if self.tree is not None else 'a chain'}; pass the matching proposer")
+        if proposer is not None and (self.tree is None or not isinstance(proposer, TreeProposer)):
+            raise ValueError("proposer= takes a TreeProposer, for a model with a draft tree (a chain drafts inside "
+                             "its cycle; its test oracle is forced_drafts=)")
+        if forced_drafts is not None and self.tree is not None:
+            raise ValueError("forced_drafts= forces a chain's drafts; for a draft tree pass proposer=TreeProposer(...)")
+        self.proposer = proposer or (TreeProposer() if self.tree is not None else None)
+        self.forced_drafts = forced_drafts
         self.draft_offset = 0 if options.prefill_shift else 1  # unshifted, draft slot p holds t_p
         # cache slots past the committed tokens one speculation step writes
         self.lookahead = lookahead(options)
@@ -74,42 +80,44 @@ class SpeculativeModel:
         self._chain_cycles = chain_cycles if chain_cycles is not None else {}
         self.chain_cycle = self._make_chain_cycle()
         self.speculates = options.num_spec_tokens > 0
-        if not self.speculates and self.chain_cycle is None:
-            raise ValueError("num_spec_tokens=0 (the base alone) runs on the one-function chain cycle, which this model "
-                             "does not use: not with draft_tree, static_steps / backend='triton', a vision-language "
-                             "pair or a proposer with an override hook")
+        if not self.speculates and self.tree is not None:
+            raise ValueError("num_spec_tokens=0 (the base alone) runs without a draft tree: drop draft_tree=")
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
         self._lock_owner: int | None = None
 
-    def replace(self, proposer=None, **changes) -> "SpeculativeModel":
+    def replace(self, proposer=None, forced_drafts=None, **changes) -> "SpeculativeModel":
         """A model over the same captured graphs with other runtime options (k, batch, lengths,
-        draft tree) and new pools; proposer= injects another proposer."""
+        draft tree) and new pools; proposer= / forced_drafts= inject test oracles (see the class)."""
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(Options)})
         if unknown:
-            raise ValueError(f"replace(): unknown option(s) {unknown}; it takes {RUNTIME_OPTIONS} and proposer")
+            raise ValueError(f"replace(): unknown option(s) {unknown}; it takes {RUNTIME_OPTIONS}, proposer and "
+                             "forced_drafts")
         bad = sorted(set(changes) - set(RUNTIME_OPTIONS))
         if bad:
             raise ValueError(f"replace() takes {RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
         options = dataclasses.replace(self.options, **changes)
         if proposer is None and "draft_tree" not in changes:
             proposer = self.proposer
+        if forced_drafts is None and "draft_tree" not in changes:
+            forced_drafts = self.forced_drafts
         return SpeculativeModel(self.graphs, self.callables, options, self.spec, self.signatures, self.image_encoder,
-                                proposer, self._chain_cycles)
+                                proposer, self._chain_cycles, forced_drafts)
 
     def _make_chain_cycle(self) -> ChainCycle | None:
-        """The chain's cycle as one function (eagle_fx.runtime.chain_cycle), compiled as one graph
-        with backend="inductor"; None where cycles run graph by graph: draft trees, static buffers
-        (backend="triton"), vision-language pairs, and a proposer with an override hook."""
-        if (self.tree is not None or self.static_steps or self.spec.vision_language
-                or getattr(self.proposer, "override", None) is not None):
+        """A chain's cycle (eagle_fx.runtime.chain_cycle), None for a draft tree. With
+        backend="inductor" (and the GraphModules at hand, no static buffers, not a vision-language
+        pair) it also holds the cycle compiled as one graph."""
+        if self.tree is not None:
             return None
-        compile = self.options.backend == "inductor" and self.graphs is not None
+        compile = (self.options.backend == "inductor" and self.graphs is not None and not self.static_steps
+                   and not self.spec.vision_language)
         key = (self.options.num_spec_tokens, self.options.block_size, compile)
         if key not in self._chain_cycles:
-            graphs = {name: getattr(self.graphs, name) if compile else self.callables[name]
-                      for name in ("draft_step", "verify", "draft_extend")}
-            self._chain_cycles[key] = ChainCycle(graphs, self.signatures, self.spec, self.options.num_spec_tokens,
-                                                 self.draft_offset, self.options.block_size, compile)
+            graphs = {name: getattr(self.graphs, name) for name in ("draft_step", "verify", "draft_extend")} \
+                if compile else None
+            self._chain_cycles[key] = ChainCycle(graphs, self.signatures, self.spec,
+                                                 self.options.num_spec_tokens, self.draft_offset,
+                                                 self.options.block_size)
         return self._chain_cycles[key]
 
     def reset(self) -> None:
@@ -136,7 +144,7 @@ class SpeculativeModel:
     def generate(self, prompts=None, max_new_tokens: int = NOT_GIVEN, eos_token_id=NOT_GIVEN,
                  temperature: float = NOT_GIVEN, top_p: float = NOT_GIVEN, top_k: int = NOT_GIVEN,
                  seed: int | None = None, pixel_values=None,
-                 image_grid_thw=None, profile: bool = False, *, input_ids=None, attention_mask=None,
+                 image_grid_thw=None, profile: bool | str = False, *, input_ids=None, attention_mask=None,
                  do_sample: bool | None = None, generation_config=None, streamer=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.
 
@@ -150,7 +158,9 @@ class SpeculativeModel:
         that prompt's images (LLaVA: [num_images, C, H, W]; Qwen2-VL: the processor's [patches, D]
         with image_grid_thw=[per prompt [num_images, 3]]); their features fill the prompt's image
         placeholder tokens in order (each image is encoded once). profile=True times every
-        step-graph call into .stats (synchronising with the device on a GPU; off by default).
+        step-graph call into .stats, a compiled chain cycle as one call ("chain_cycle");
+        profile="graphs" runs the chain cycle graph by graph through the executor and times each
+        step graph (both synchronise with the device on a GPU; off by default).
 
         As HF users pass them (eagle_fx.runtime.hf_inputs): `input_ids` (a 2-D tensor) with its
         `attention_mask` (left or right padding, dropped), a tokenizer's BatchEncoding as prompts,
@@ -195,9 +205,13 @@ class SpeculativeModel:
         eos = eos_set(eos_token_id, self.spec.eos)
         images = prompt_images(self.image_encoder, self.spec.image_token_id, prompts, pixel_values, image_grid_thw,
                                self.device, self.dtype)
+        if profile not in (False, True, "graphs"):
+            raise ValueError(f"profile must be False, True or 'graphs' (each step graph of the cycle timed), got "
+                             f"{profile!r}")
         stats = self.new_stats()
         call = GenerateCall(Sampler.for_call(temperature, top_p, top_k, seed, self.device), stats,
-                            Profiler(stats, profile, self.device), eos, max_new_tokens, streamer)
+                            Profiler(stats, bool(profile), self.device), eos, max_new_tokens, streamer,
+                            graph_by_graph=profile == "graphs")
         if streamer is not None:
             streamer.put(torch.tensor([prompts[0]]))  # as HF generate: the prompt first (skip_prompt skips it)
         started = time.perf_counter()
@@ -249,7 +263,7 @@ class SpeculativeModel:
                 draft_vocab = draft_hidden = 0
             for num_seqs in (1, 2)[:batch]:
                 table = torch.arange(2 * kv.blocks_per_seq, **long).view(2, -1)[:num_seqs, :2] % kv.num_blocks
-                scratch.chain_cycle(Sampler(), kv.pools_by_side(), torch.zeros(num_seqs, **long),
+                scratch.chain_cycle(scratch.executor, Sampler(), torch.zeros(num_seqs, **long),
                                     torch.ones(num_seqs, **long), table, torch.zeros(num_seqs, **long),
                                     torch.zeros(num_seqs, draft_vocab, device=self.device, dtype=self.dtype),
                                     torch.zeros(num_seqs, draft_hidden, device=self.device, dtype=self.dtype))

@@ -1,8 +1,9 @@
-"""Drafting: a chain of k draft tokens, or an EAGLE-2 tree (eagle_fx.draft_tree), per sequence.
+"""Drafting of an EAGLE-2 tree (eagle_fx.draft_tree) per sequence. (A chain drafts inside its
+cycle: eagle_fx.runtime.chain_cycle.)
 
-A proposer is passed in (SpeculativeModel(..., proposer=) or model.replace(proposer=)); its
-`override` hook lets a test oracle replace what the draft proposed (the runtime then continues
-from the replaced tokens, as if the draft had proposed them).
+A TreeProposer is passed in (SpeculativeModel(..., proposer=) or model.replace(proposer=)); its
+`override` hook lets a test oracle replace the tree's tokens (the runtime then continues from the
+replaced tokens, as if the draft had proposed them).
 """
 from __future__ import annotations
 
@@ -12,54 +13,12 @@ import torch
 
 from eagle_fx.draft_tree import rerank
 from eagle_fx.runtime.kv_cache import slot_mapping
-from eagle_fx.runtime.sampling import greedy, sample
-from eagle_fx.runtime.step_inputs import draft_step_inputs
 
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor  # [A, k] a chain's drafts; [A, N] a tree's nodes in candidate order
-    draft_probs: torch.Tensor | None = None  # a sampled chain: q [A, k, V] each draft was drawn from
-    parents: torch.Tensor | None = None  # a tree: each node's parent node (-1: the root)
-
-
-def draft_pick(model, call, draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The draft's proposal (target ids) and, when sampling, its distribution q over target ids."""
-    spec, sampler = model.spec, call.sampler
-    if sampler.is_greedy:
-        return spec.to_target(greedy(draft_logits)), None
-    q = spec.to_target_probs(sampler.probs(draft_logits))
-    return sample(q, sampler.generator), q
-
-
-class ChainProposer:
-    """k draft tokens per sequence: the one the last draft call gave, then k-1 draft steps, each on
-    the previous token with the draft's own output feature.
-
-    override(contexts, j, tokens [A]) -> tokens [A]: replaces draft token j (contexts: each active
-    sequence's prompt + output so far)."""
-
-    def __init__(self, override=None):
-        self.override = override
-
-    def propose(self, model, call, wave, batch) -> Proposal:
-        k, block_size = model.options.num_spec_tokens, model.options.block_size
-        tokens, probs = [], []
-        token, q = draft_pick(model, call, batch.draft_logits)
-        hidden = batch.draft_hidden
-        for j in range(k):
-            if j:
-                position = batch.committed_len - 1 + j + model.draft_offset
-                draft_logits, hidden = model.executor.step(
-                    "draft_step", batch.size, wave.tables, call.profiler,
-                    **draft_step_inputs(token, position, hidden, batch.block_table, batch.wave_rows,
-                                        batch.committed_len, block_size))
-                token, q = draft_pick(model, call, draft_logits)
-            if self.override is not None:
-                token = self.override(wave.contexts_of(batch), j, token)
-            tokens.append(token)
-            probs.append(q)
-        return Proposal(torch.stack(tokens, dim=1), None if call.sampler.is_greedy else torch.stack(probs, dim=1))
+    tokens: torch.Tensor  # [A, N] a tree's nodes in candidate order
+    parents: torch.Tensor  # [A, N] each node's parent node (-1: the root)
 
 
 class TreeProposer:
@@ -78,7 +37,7 @@ class TreeProposer:
         tokens, parents = self.grow(model, call, wave, batch)
         if self.override is not None:
             tokens = self.override(wave.contexts_of(batch), tokens, parents)
-        return Proposal(tokens, None, parents)
+        return Proposal(tokens, parents)
 
     @staticmethod
     def grow(model, call, wave, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,10 @@
 """Token selection: greedy, or sampling from a warped distribution with a per-call generator.
 
+One scheme everywhere: a token is drawn from p by the exponential race (the argmax of p / E with
+E ~ Exp(1) i.i.d., `race_sample`), and speculative acceptance tests use uniforms; the noise is drawn
+from the call's generator outside any graph. Temperature, top-k and top-p are per-row tensors
+(`Warping`), so a compiled graph takes them as inputs and serves every setting.
+
 Sampling settings belong to one generate call (a `Sampler`), never to the model, so two calls with
 different settings do not interfere.
 """
@@ -14,31 +19,56 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Probabilities after temperature, then top-k, then top-p (nucleus), in Hugging Face's order and
-    conventions (top-p keeps the smallest set whose mass reaches top_p, at least one token)."""
-    x = logits.float() / temperature
-    if top_k and top_k < x.shape[-1]:
-        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1)  # ascending
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        drop = cum <= 1 - top_p
-        drop[..., -1] = False
-        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return x.softmax(-1)
+def warp(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Probabilities [..., V] after temperature, then top-k, then top-p (nucleus), in Hugging Face's
+    order and conventions (top-p keeps the smallest set whose mass reaches top_p, at least one token).
 
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probs [N, V]."""
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    The settings are tensors broadcastable to logits.shape[:-1] (one value per row): temperature
+    (<= 0: that row is greedy, a one-hot at the argmax), top_k (a long; 0: off), top_p (1: off).
+    Nothing is read on the host."""
+    vocab = logits.shape[-1]
+    rows = logits.shape[:-1]
+    temperature, top_k, top_p = (t.expand(rows)[..., None] for t in (temperature, top_k, top_p))
+    is_greedy = temperature <= 0
+    x = logits.float() / torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    ascending, order = torch.sort(x, dim=-1)
+    keep_k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
+    kth = ascending.gather(-1, vocab - keep_k)  # the k-th largest value
+    x = x.masked_fill(x < kth, float("-inf"))
+    ascending = ascending.masked_fill(ascending < kth, float("-inf"))  # the same order, top-k applied
+    cum = ascending.softmax(-1).cumsum(-1)
+    drop = cum <= 1 - top_p
+    drop[..., -1] = False
+    x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = x.softmax(-1)
+    one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)  # (F.one_hot reads on the host)
+    return torch.where(is_greedy, one_hot, probs)
 
 
 def race_sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """One token per row of probs [..., V] from noise [..., V] of i.i.d. Exp(1) draws: the argmax of
     p / E, which is distributed as p (the exponential race; no host read, no generator inside)."""
     return (probs / noise.clamp_min(1e-30)).argmax(dim=-1)
+
+
+def race_noise(shape, generator: torch.Generator | None, device) -> torch.Tensor:
+    """Exp(1) noise for race_sample, drawn from `generator`."""
+    return torch.empty(shape, device=device).exponential_(generator=generator)
+
+
+@dataclass
+class Warping:
+    """Per-row sampling settings as tensors: temperature [B] float, top_k [B] long, top_p [B] float."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, ..., V] (row b's settings apply to logits[b]) -> warped probabilities."""
+        extra = (1,) * (logits.dim() - 2)
+        b = logits.shape[0]
+        return warp(logits, *(t.view(b, *extra) for t in (self.temperature, self.top_k, self.top_p)))
 
 
 @dataclass
@@ -71,9 +101,19 @@ class Sampler:
     def is_greedy(self) -> bool:
         return self.temperature == 0
 
+    def warping(self, num_rows: int, device) -> Warping:
+        """This call's settings for num_rows rows."""
+        return Warping(torch.full((num_rows,), self.temperature, dtype=torch.float32, device=device),
+                       torch.full((num_rows,), self.top_k, dtype=torch.long, device=device),
+                       torch.full((num_rows,), self.top_p, dtype=torch.float32, device=device))
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return warp(logits, self.temperature, self.top_k, self.top_p)
+        """logits [B, ..., V] -> this call's warped distribution."""
+        return self.warping(logits.shape[0], logits.device).probs(logits)
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """The base's token from its logits: argmax, or a sample from the warped distribution."""
-        return greedy(logits) if self.is_greedy else sample(self.probs(logits), self.generator)
+        """The base's token from its logits [B, V]: argmax, or a race sample from the warped distribution."""
+        if self.is_greedy:
+            return greedy(logits)
+        probs = self.probs(logits)
+        return race_sample(probs, race_noise(probs.shape, self.generator, logits.device))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from eagle_fx.multimodal import wave_inputs
-from eagle_fx.runtime.cycle import ActiveBatch, Verified, extend_draft, verify_chain, verify_tree
+from eagle_fx.runtime.cycle import ActiveBatch, Verified, extend_draft, verify_tree
 from eagle_fx.runtime.executor import WaveTables
 from eagle_fx.runtime.kv_cache import WaveBlocks, slot_mapping
 from eagle_fx.runtime.prefill import prefill
@@ -85,6 +85,7 @@ class GenerateCall:
     eos: set[int]
     max_new_tokens: int
     streamer: object = None  # transformers' streamer protocol: put(ids), end() (one prompt)
+    graph_by_graph: bool = False  # generate(profile="graphs"): the chain cycle through the executor, timed per graph
 
     def emit(self, out: list[int], context: list[int], new: list[int]) -> bool:
         """Append new tokens, stopping at eos (kept) or max_new_tokens; True when finished."""
@@ -190,19 +191,20 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     else:
         draft_logits, draft_hidden = first.draft_logits[rows], first.draft_hidden[rows]
     batch = ActiveBatch(active, rows, pending, committed_len, block_table, draft_logits, draft_hidden)
-    verify = verify_chain if model.tree is None else verify_tree
-    cycle, pools = model.chain_cycle, model.kv_cache.pools_by_side()
+    cycle = model.chain_cycle
     while batch.size:
-        if cycle is not None:  # propose, verify, accept and extend as one function (one graph when compiled)
-            started = call.profiler.start()
+        if cycle is not None:  # a chain: propose, verify, accept and extend as one function (one graph when compiled)
+            forced = None
+            if model.forced_drafts is not None and model.speculates:  # a test oracle's tokens for the drafts
+                forced = torch.as_tensor(model.forced_drafts(wave.contexts_of(batch), model.num_spec_tokens), **long)
             accepted_t, next_t, drafts, extend_logits, extend_hidden, features = cycle(
-                call.sampler, pools, batch.pending, batch.committed_len, batch.block_table, batch.wave_rows,
-                batch.draft_logits, batch.draft_hidden)
-            call.profiler.stop("chain_cycle", started)
+                model.executor, call.sampler, batch.pending, batch.committed_len, batch.block_table, batch.wave_rows,
+                batch.draft_logits, batch.draft_hidden, tables=wave.tables, profiler=call.profiler,
+                graph_by_graph=call.graph_by_graph, forced=forced)
             verified = Verified(accepted_t, next_t, drafts, features)
-        else:
+        else:  # a draft tree
             proposal = model.proposer.propose(model, call, wave, batch)
-            verified = verify(model, call, wave, batch, proposal)
+            verified = verify_tree(model, call, wave, batch, proposal)
         # the one host read of the cycle: accepted counts, next tokens, committed lengths, drafts
         size, width = batch.size, verified.drafted.shape[1]
         host = torch.cat([verified.accepted, verified.next_token, batch.committed_len,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from eagle_fx.runtime.sampling import greedy, race_sample
+from eagle_fx.runtime.sampling import greedy, race_noise, race_sample
 
 
 def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,23 +23,14 @@ def greedy_accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> tu
     return accepted, bonus
 
 
-def rejection_accept(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                     generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling along a chain (Leviathan et al.; Chen et al.), with its random
-    draws taken from `generator`: see rejection_accept_drawn."""
-    B, k = draft_tokens.shape
-    uniforms = torch.rand(B, k, generator=generator, device=p.device)
-    noise = torch.empty(B, p.shape[-1], device=p.device).exponential_(generator=generator)
-    return rejection_accept_drawn(draft_tokens, q, p, uniforms, noise)
-
-
-def rejection_accept_drawn(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, uniforms: torch.Tensor,
+def rejection_accept(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, uniforms: torch.Tensor,
                            noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rejection sampling along a chain, from drawn noise (no host read, no generator).
 
     draft_tokens [B, k] were sampled from q [B, k, V]; p [B, k+1, V] is the base's distribution at
-    the k+1 verified positions. d_j is accepted when uniforms[:, j] * q_j(d_j) <= p_j(d_j) (with
-    probability min(1, p_j(d_j) / q_j(d_j))); at the first rejection the next token is drawn from
+    the k+1 verified positions. d_j is accepted when uniforms[:, j] * q_j(d_j) < p_j(d_j) (with
+    probability min(1, p_j(d_j) / q_j(d_j)) for uniforms in [0, 1); a greedy row, p and q one-hot,
+    accepts exactly the matching drafts); at the first rejection the next token is drawn from
     normalize(max(0, p_j - q_j)); when all k are accepted, the bonus token is drawn from p_{k+1};
     both draws are race_sample over noise [B, V] (Exp(1)). Returns (accepted [B], next token [B]);
     the output is distributed exactly as sampling from p token by token.
@@ -48,7 +39,7 @@ def rejection_accept_drawn(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch
     idx = draft_tokens[..., None]
     pd = p[:, :k].gather(-1, idx)[..., 0]
     qd = q.gather(-1, idx)[..., 0]
-    ok = uniforms * qd <= pd
+    ok = uniforms * qd < pd
     accepted = ok.long().cumprod(dim=1).sum(dim=1)
     rows = torch.arange(B, device=p.device)
     p_j = p[rows, accepted]
@@ -57,14 +48,6 @@ def rejection_accept_drawn(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch
     empty = resid.sum(-1, keepdim=True) <= 0  # p_j == q_j: any rejection is impossible; keep p_j
     resid = torch.where(empty, p_j, resid)
     return accepted, race_sample(resid, noise)
-
-
-def accept_chain(sampler, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
-    """A chain's verify logits [A * (k+1), V] -> (accepted [A], next token [A])."""
-    A, k = drafts.shape
-    if sampler.is_greedy:
-        return greedy_accept(drafts, greedy(logits).view(A, k + 1))
-    return rejection_accept(drafts, draft_probs, sampler.probs(logits.view(A, k + 1, -1)), sampler.generator)
 
 
 def greedy_walk(parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, depth: int):
@@ -133,7 +116,7 @@ def sampled_walk(parents: torch.Tensor, tokens: torch.Tensor, p: torch.Tensor, d
         residual = torch.where(found[:, None], p[rows, cur], residual)  # a new node: its own distribution
     empty = residual.sum(-1, keepdim=True) <= 0  # every token with mass was a rejected child: cannot happen
     residual = torch.where(empty, p[rows, cur], residual)
-    bonus = torch.multinomial(residual / residual.sum(-1, keepdim=True), 1, generator=generator)[:, 0]
+    bonus = race_sample(residual, race_noise(residual.shape, generator, device))
     return accepted, bonus, path
 
 
