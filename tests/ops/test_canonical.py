@@ -3,7 +3,7 @@ query counts == attending each sequence on its own (the per-sequence path)."""
 import pytest
 import torch
 
-from eagle_fx.ops.canonical import cached_attention_ref
+from eagle_fx.ops.canonical import attention_limits, cached_attention_ref
 
 
 def _case(lens_before, per_seq, heads=4, kvh=2, d=8, block_size=4, seed=0):
@@ -56,7 +56,7 @@ def test_attention_op_has_the_sdpa_gradient():
 @pytest.mark.parametrize("window", [0, 7, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("keys_per_chunk", [1, 2])
-def test_tiled_long_context_path_equals_the_masked_formula(monkeypatch, window, dtype, fused, keys_per_chunk):
+def test_tiled_long_context_path_equals_the_masked_formula(window, dtype, fused, keys_per_chunk):
     """A prefill chunk whose scores would exceed SCORE_LIMIT is attended in query tiles x key chunks
     merged by their log-sum-exp, reading only the blocks a chunk needs: == one masked softmax over
     all of the sequence's keys. Tiles are forced small here (4 query rows, chunks of 1 or 2 keys,
@@ -65,11 +65,6 @@ def test_tiled_long_context_path_equals_the_masked_formula(monkeypatch, window, 
     the CPU's flash kernel and through the explicit softmax other devices use."""
     from eagle_fx.ops import canonical
 
-    if not fused:
-        monkeypatch.setattr(canonical, "CHUNK_ATTENTION", {})
-
-    monkeypatch.setattr(canonical, "QUERY_TILE", 4)
-    monkeypatch.setattr(canonical, "SCORE_LIMIT", 4 * 4 * keys_per_chunk)  # heads x rows x keys per chunk
     g = torch.Generator().manual_seed(1)
     heads, kvh, d, block_size, before, n = 4, 2, 8, 3, 9, 8
     pool = torch.randn(2, 2, 9, block_size, kvh, d, generator=g).to(dtype)
@@ -77,7 +72,9 @@ def test_tiled_long_context_path_equals_the_masked_formula(monkeypatch, window, 
     pos = torch.arange(before, before + n)
     slots = block_table[0, pos // block_size] * block_size + pos % block_size
     q, k, v = (torch.randn(1, h, n, d, generator=g).to(dtype) for h in (heads, kvh, kvh))
-    out = cached_attention_ref(q, k, v, pool, 1, slots, block_table, torch.tensor([0, n]), pos[None], 0.3, window)
+    # heads x rows x keys per chunk
+    with attention_limits(query_tile=4, score_limit=4 * 4 * keys_per_chunk, fused_chunk_kernel=fused):
+        out = cached_attention_ref(q, k, v, pool, 1, slots, block_table, torch.tensor([0, n]), pos[None], 0.3, window)
     keys = pool[1][:, block_table[0]].flatten(1, 2)[:, :before + n].transpose(1, 2).float()  # [2, kvh, S, d]
     mask = canonical.visible_keys(pos, before + n, window)
     want = torch.nn.functional.scaled_dot_product_attention(q.float(), keys[0][None], keys[1][None], attn_mask=mask,
@@ -86,13 +83,11 @@ def test_tiled_long_context_path_equals_the_masked_formula(monkeypatch, window, 
     torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol)
 
 
-def test_tiled_path_of_a_kv_sharing_draft_reads_base_then_ring(monkeypatch):
+def test_tiled_path_of_a_kv_sharing_draft_reads_base_then_ring():
     """shared_cached_attention's ragged path in tiles: committed keys from the base pool's blocks,
     later ones from the ring, == the masked formula over the two concatenated."""
     from eagle_fx.ops import canonical
 
-    monkeypatch.setattr(canonical, "QUERY_TILE", 2)
-    monkeypatch.setattr(canonical, "SCORE_LIMIT", 4 * 2 * 3)
     g = torch.Generator().manual_seed(2)
     heads, kvh, d, block_size, ring = 4, 2, 8, 4, 6
     pool = torch.randn(3, 2, 6, block_size, kvh, d, generator=g)
@@ -101,9 +96,10 @@ def test_tiled_path_of_a_kv_sharing_draft_reads_base_then_ring(monkeypatch):
     pos = torch.arange(committed - 1, committed - 1 + n)
     q, k, v = (torch.randn(1, h, n, d, generator=g) for h in (heads, kvh, kvh))
     ring_after = spec_kv.clone()
-    out = canonical.shared_cached_attention_ref(q, k, v, pool, 2, ring_after, torch.tensor([1]),
-                                                torch.tensor([committed]), block_table, torch.tensor([0, n]),
-                                                pos[None], 0.3, 0)
+    with attention_limits(query_tile=2, score_limit=4 * 2 * 3):
+        out = canonical.shared_cached_attention_ref(q, k, v, pool, 2, ring_after, torch.tensor([1]),
+                                                    torch.tensor([committed]), block_table, torch.tensor([0, n]),
+                                                    pos[None], 0.3, 0)
     base = pool[2][:, block_table[0]].flatten(1, 2)[:, :committed]
     tail = ring_after[:, 1, torch.arange(committed, committed + n - 1) % ring]
     keys = torch.cat([base, tail], dim=1).transpose(1, 2)
@@ -121,14 +117,11 @@ def _largest_allocation(fn) -> int:
     return max(e.cpu_memory_usage for e in prof.events())
 
 
-def test_chunked_prefill_attention_memory_does_not_grow_with_the_context(monkeypatch):
+def test_chunked_prefill_attention_memory_does_not_grow_with_the_context():
     """A prefill chunk over 4x the cached keys allocates no larger buffer: the tiled path reads the
     blocks of one key chunk at a time and keeps heads grouped (no GQA copy of the keys), so its
     transient memory is set by SCORE_LIMIT, not by the context. The whole-sequence read it
     replaced allocated the sequence's K and V."""
-    from eagle_fx.ops import canonical
-
-    monkeypatch.setattr(canonical, "SCORE_LIMIT", 1 << 14)
     heads, kvh, d, block_size, n = 4, 2, 16, 16, 32
 
     def largest(context):
@@ -143,8 +136,9 @@ def test_chunked_prefill_attention_memory_does_not_grow_with_the_context(monkeyp
         return whole_kv, _largest_allocation(lambda: cached_attention_ref(q, k, v, pool, 0, slots, table,
                                                                            torch.tensor([0, n]), pos[None], 0.25, 0))
 
-    kv_short, short = largest(1024)
-    kv_long, long = largest(4096)
+    with attention_limits(score_limit=1 << 14):
+        kv_short, short = largest(1024)
+        kv_long, long = largest(4096)
     assert long == short  # bounded by the tiles
     assert long < kv_long / 8  # and far below the sequence's own K/V
 
@@ -152,21 +146,18 @@ def test_chunked_prefill_attention_memory_does_not_grow_with_the_context(monkeyp
 @pytest.mark.parametrize("fused", [True, False], ids=["cpu-flash", "explicit-softmax"])
 @pytest.mark.parametrize("window", [0, 5, 2])
 @pytest.mark.parametrize("lens_before,per_seq", [([3, 10, 0], 1), ([7, 2], 4), ([13, 1], 3)])
-def test_device_side_attention_in_key_chunks_equals_one_read(monkeypatch, lens_before, per_seq, window, fused):
+def test_device_side_attention_in_key_chunks_equals_one_read(lens_before, per_seq, window, fused):
     """The device-side (uniform) attention of a long context, not compiled, reads the block table in
     key chunks (here 1 block of 4 keys each) merged by log-sum-exp: == reading every sequence's
     whole table at once, for batches, GQA, windows (2: rows with no visible key in a chunk), and
     returns q's layout."""
-    from eagle_fx.ops import canonical
-
     q, k, v, pool, slots, bt, qsl, pos = _case(lens_before, per_seq)
     pool_once = pool.clone()
     once = cached_attention_ref(q, k, v, pool_once, 1, slots, bt, qsl, pos, 0.3, window, uniform_queries=True)
-    monkeypatch.setattr(canonical, "KV_READ_LIMIT", 2 * len(lens_before) * 4 * 2 * 8)  # one block per chunk
-    if not fused:
-        monkeypatch.setattr(canonical, "CHUNK_ATTENTION", {})
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a projection's layout: [1, T, H, D] seen as [1, H, T, D]
-    chunked = cached_attention_ref(q, k, v, pool, 1, slots, bt, qsl, pos, 0.3, window, uniform_queries=True)
+    one_block = 2 * len(lens_before) * 4 * 2 * 8  # K/V elements of one table column
+    with attention_limits(kv_read_limit=one_block, fused_chunk_kernel=fused):
+        chunked = cached_attention_ref(q, k, v, pool, 1, slots, bt, qsl, pos, 0.3, window, uniform_queries=True)
     torch.testing.assert_close(chunked, once, rtol=1e-5, atol=1e-5)
     assert chunked.stride() == q.stride()  # the fake kernel's promise (empty_like(q)): compiled graphs assert it
     torch.testing.assert_close(pool, pool_once)
@@ -188,9 +179,9 @@ def test_device_side_attention_memory_does_not_grow_with_the_context():
         return _largest_allocation(lambda: cached_attention_ref(q, k, v, pool, 0, slots, table, torch.tensor([0, 1]),
                                                                 pos[None], 0.25, 0, uniform_queries=True))
 
-    from eagle_fx.ops.canonical import KV_READ_LIMIT
+    from eagle_fx.ops.limits import attention_limits_now
 
-    short_context = 2 * KV_READ_LIMIT // (2 * kvh * d)  # twice the keys one read may hold
+    short_context = 2 * attention_limits_now().kv_read_limit // (2 * kvh * d)  # twice the keys one read may hold
     short, long = largest(short_context), largest(4 * short_context)
     assert long == short
     assert long < 2 * (4 * short_context) * kvh * d * 4 / 4
