@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from eagle_fx import families
 from eagle_fx.kv_share import resolve_layer, rope_of
-from eagle_fx.model_inputs import embed_tokens, select_features  # noqa: F401 - select_features: eagle_fx.train imports it from here
+from eagle_fx.model_inputs import embed_tokens
 
 
 class DraftAttention(nn.Module):

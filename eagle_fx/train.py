@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft, select_features
+from eagle_fx.drafts import Draft, Eagle1Draft, load_draft, new_draft, save_draft
+from eagle_fx.model_inputs import select_features
 from eagle_fx.kv_share import resolve_layer
 
 

@@ -34,6 +34,7 @@ from eagle_fx.passes import inline_uniform_attention
 from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.runtime.compiled import compile_dynamic
 from eagle_fx.runtime.sampling import Warping, greedy, race_sample
+from eagle_fx.runtime.stats import CHAIN_CYCLE
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
 
@@ -213,7 +214,7 @@ class ChainCycle:
                 out = self._compiled(settings)(executor.kv_cache.pools_by_side(), pending, committed_len, block_table,
                                                spec_rows, draft_logits, draft_hidden, noise)
                 if profiler is not None:
-                    profiler.stop("chain_cycle", started)
+                    profiler.stop(CHAIN_CYCLE, started)
                 return out
 
             def run(graph: str, values: dict):  # through static buffers where the model has them

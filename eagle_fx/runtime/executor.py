@@ -1,8 +1,7 @@
 """Graph calls: each step graph's inputs from its StepSignature, through static buffers (replayed as
 CUDA graphs on a GPU) where the model runs static steps, timed by the call's profiler when asked.
 
-Graph names: base (the prefill), verify (the base at k+1 rows per sequence), draft_prefill,
-draft_extend, draft_step, and for draft trees verify_tree and draft_tree_step.
+Graph names and what each is: eagle_fx.graph_kinds.
 """
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle_fx.multimodal import rope_positions
+from eagle_fx.passes.fx_graph import op_arguments
 from eagle_fx.runtime.kv_cache import KVCache
 from eagle_fx.runtime.signature import StepSignature
 from eagle_fx.runtime.static_buffers import StaticPrefill, StaticStep
@@ -46,7 +46,7 @@ class Executor:
         exported files: not captured)."""
         host_reading = tuple(getattr(torch.ops.eagle_fx, op).default for op in HOST_READING_OPS)
         blocking = graphs is None or any(
-            n.op == "call_function" and n.target in host_reading and not n.kwargs.get("uniform_queries", False)
+            n.op == "call_function" and n.target in host_reading and not op_arguments(n)["uniform_queries"]
             for name in ("base", "verify", "draft_step", "draft_prefill") for n in getattr(graphs, name).graph.nodes)
         self.cuda_graphs = device.type == "cuda" and not blocking
         kv = self.kv_cache

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from eagle_fx.graph_kinds import GRAPH_KINDS
 from eagle_fx.multimodal import prompt_images, refuse_options
 from eagle_fx.options import Options, lookahead
 from eagle_fx.rope_support import check_max_seq_len
@@ -50,8 +51,6 @@ class SpeculativeModel:
         self.tree = options.draft_tree  # a DraftTree (EAGLE-2) or None (a chain of num_spec_tokens)
         if self.tree is not None and "verify_tree" not in callables:
             raise ValueError("draft_tree needs the tree step graphs: pass draft_tree= to eagle_fx.compile")
-        if self.tree is not None and spec.draft_kv == "layer":
-            raise ValueError("draft_tree does not run with a KV-sharing draft (kv_share=LAYER)")
         if spec.vision_language:
             refuse_options(options)
         if proposer is not None and (self.tree is None or not isinstance(proposer, TreeProposer)):
@@ -252,7 +251,7 @@ class SpeculativeModel:
                     continue  # num_spec_tokens=0: the draft never runs
                 uniform = self.signatures[name].uniform_rows
                 rows = [max(lens)] * len(lens) if uniform else lens  # a decode-step graph: rows alike per sequence
-                for all_logits in ((False, True) if name == "base" else (name == "verify",)):
+                for all_logits in ((False, True) if name == "base" else (GRAPH_KINDS[name].all_logits,)):
                     scratch.executor.call(name, **scratch.example_inputs(name, rows, all_logits))
         if compiled_cycle:  # the cycle graph for one sequence and for any number >= 2, 2 blocks of table
             long = dict(dtype=torch.long, device=self.device)
@@ -274,9 +273,7 @@ class SpeculativeModel:
         at every token (a verify), else at each sequence's last token."""
         device, block_size, kv = self.device, self.options.block_size, self.kv_cache
         long = dict(dtype=torch.long, device=device)
-        feature_width = {"base": 0, "verify": 0, "verify_tree": 0, "draft_prefill": self.spec.feature_dim,
-                         "draft_extend": self.spec.feature_dim, "draft_step": self.spec.draft_hidden_size,
-                         "draft_tree_step": self.spec.draft_hidden_size}[name]
+        feature_width = self.spec.feature_width(name)
         num_seqs, num_tokens = len(lens), sum(lens)
         query_start_loc = torch.tensor([0] + list(lens), **long).cumsum(0)
         positions = torch.cat([torch.arange(n, **long) for n in lens])
