@@ -216,7 +216,6 @@ def test_greedy_matches_hf_with_trees(arch, method, shift, deep, every):
     out = model.generate(prompts, max_new_tokens=24)
     assert out.sequences == refs
     st = out.stats
-    assert st.num_draft_tokens == tree["total_tokens"] * st.num_drafts
     assert len(st.accepted_per_pos) == tree["depth"]
     assert any(moved)  # accepted paths left the first branch: their K/V were moved
     if every == 0:
