@@ -10,11 +10,11 @@ from eagle_fx.capture import capture
 from eagle_fx.draft_kv import DraftKV
 from eagle_fx.drafts import load_draft
 from eagle_fx.kv_share import base_kv_shape, check_pair, resolve_layer
-from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language, refuse_options
-from eagle_fx.options import Options, lookahead
+from eagle_fx.multimodal import check_vision_language, image_inputs_for, is_vision_language
+from eagle_fx.options import Options
 from eagle_fx.pipeline import CapturePlan
 from eagle_fx.runtime import PairSpec, SpeculativeModel
-from eagle_fx.rope_support import check_rope
+from eagle_fx.rope_support import pair_rope_limit
 from eagle_fx.runtime.compiled import compile_dynamic
 from eagle_fx.unsupported_bases import refuse_unsupported_base
 
@@ -158,13 +158,13 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                       static_steps=static_steps, draft_tree=draft_tree, tensor_parallel=tensor_parallel)
     _check_pair(base, draft)
     tp_rank, tp_group = _tensor_parallel_rank(base, options.tensor_parallel)
-    rope_limit = check_rope(base, draft, options.max_seq_len, lookahead(options))  # before the capture (dynamic RoPE)
+    rope_limit = pair_rope_limit(base, draft)
     base.eval()
     draft.eval()
     images = image_inputs_for(base) if is_vision_language(base) else None  # the vision-language handling, if any
     if images is not None:  # before the capture: fail fast
         check_vision_language(base)
-        refuse_options(options)
+    options.check_for_pair(images is not None, rope_limit)  # before the capture: fail fast
     if images is not None and options.tensor_parallel > 1:
         raise ValueError("tensor_parallel does not run vision-language bases yet; use tensor_parallel=1")
     # a sharded base pool holds KVH/N heads per rank, the replicated draft all of its own: its own pool

@@ -217,5 +217,6 @@ def load_exported(out_dir, device=None, **runtime_options) -> SpeculativeModel:
         graph_weights = {w: weights[key] for w, key in g.get("weights", {}).items()}
         callables[name] = torch.no_grad()(functools.partial(fn, **graph_weights) if graph_weights else fn)
         signatures[name] = StepSignature(name, tuple(g["inputs"]))
+    options.check_for_pair(spec.vision_language, spec.rope_limit)
     model = SpeculativeModel(None, callables, options, spec, signatures)
     return model.replace(**runtime_options) if runtime_options else model

@@ -49,15 +49,6 @@ def check_vision_language(base) -> None:
                          "rows are addressed past the vocab, so the two must be equal")
 
 
-def refuse_options(options) -> None:
-    """Options a vision-language pair does not run with."""
-    ks = options.kv_share
-    if isinstance(ks, int) and not isinstance(ks, bool):
-        raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' or None")
-    if options.static_steps:
-        raise ValueError("static_steps is not supported with a vision-language base (its image rows vary per call)")
-
-
 def image_token_id(base) -> int:
     c = base.config
     tid = getattr(c, "image_token_id", None)

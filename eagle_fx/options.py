@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle_fx.draft_tree import DraftTree
+from eagle_fx.rope_support import check_max_seq_len
 
 BACKENDS = ("eager", "inductor", "triton", "tensorrt")
 
@@ -61,6 +62,8 @@ class Options:
             raise ValueError(f"kv_share must be 'auto', 'pool', None or a base layer index (int), got {ks!r}")
         if self.draft_tree is not None:
             object.__setattr__(self, "draft_tree", DraftTree.of(self.draft_tree))
+            if self.num_spec_tokens == 0:
+                raise ValueError("num_spec_tokens=0 (the base alone) runs without a draft tree: drop draft_tree=")
             if isinstance(ks, int) and not isinstance(ks, bool):
                 raise ValueError(f"draft_tree does not run with kv_share=LAYER (here {ks}; kv_share='auto' takes a "
                                  "sharing draft's trained layer): the draft's speculated K/V ring is a chain; pass "
@@ -74,6 +77,19 @@ class Options:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and self.block_size & (self.block_size - 1):
             raise ValueError(f"backend='triton' needs a power-of-two block_size (the kernels tile by block), got {self.block_size}")
+
+    def check_for_pair(self, vision_language: bool, rope_limit: int | None) -> None:
+        """The checks that need to know the pair, run once per way a model is made: by compile
+        (before the capture), replace() and load_exported. vision_language: the base takes images;
+        rope_limit: the longest sequence its RoPE is exact for (rope_support.pair_rope_limit)."""
+        if vision_language:
+            if isinstance(self.kv_share, int) and not isinstance(self.kv_share, bool):
+                raise ValueError("kv_share=LAYER is not supported with a vision-language base; use kv_share='pool' "
+                                 "or None")
+            if self.static_steps:
+                raise ValueError("static_steps is not supported with a vision-language base (its image rows vary "
+                                 "per call)")
+        check_max_seq_len(self.max_seq_len, lookahead(self), rope_limit)
 
 
 def lookahead(options: Options) -> int:

@@ -56,14 +56,12 @@ def longest_exact_sequence(config, who: str) -> int | None:
     return limit
 
 
-def check_rope(base, draft, max_seq_len: int, lookahead: int) -> int | None:
-    """The longest sequence the pair's RoPE is exact for (None: no limit), after checking that
-    max_seq_len, plus the positions a speculation step looks ahead, stays within it."""
+def pair_rope_limit(base, draft) -> int | None:
+    """The longest sequence the pair's RoPE is exact for (None: no limit); an unsupported RoPE
+    type is refused here. Options.check_for_pair checks max_seq_len against it."""
     limits = [lim for lim in (longest_exact_sequence(base.config.get_text_config(), "base"),
                               longest_exact_sequence(draft.config, "draft")) if lim is not None]
-    limit = min(limits) if limits else None
-    check_max_seq_len(max_seq_len, lookahead, limit)
-    return limit
+    return min(limits) if limits else None
 
 
 def check_max_seq_len(max_seq_len: int, lookahead: int, limit: int | None) -> None:

@@ -9,9 +9,8 @@ import time
 import torch
 
 from eagle_fx.graph_kinds import GRAPH_KINDS
-from eagle_fx.multimodal import prompt_images, refuse_options
+from eagle_fx.multimodal import prompt_images
 from eagle_fx.options import Options, lookahead
-from eagle_fx.rope_support import check_max_seq_len
 from eagle_fx.runtime.chain_cycle import ChainCycle
 from eagle_fx.runtime.executor import Executor
 from eagle_fx.runtime.hf_inputs import NOT_GIVEN, check_streamer, prompts_from, settings_from
@@ -51,8 +50,6 @@ class SpeculativeModel:
         self.tree = options.draft_tree  # a DraftTree (EAGLE-2) or None (a chain of num_spec_tokens)
         if self.tree is not None and "verify_tree" not in callables:
             raise ValueError("draft_tree needs the tree step graphs: pass draft_tree= to eagle_fx.compile")
-        if spec.vision_language:
-            refuse_options(options)
         if proposer is not None and (self.tree is None or not isinstance(proposer, TreeProposer)):
             raise ValueError("proposer= takes a TreeProposer, for a model with a draft tree (a chain drafts inside "
                              "its cycle; its test oracle is forced_drafts=)")
@@ -63,7 +60,6 @@ class SpeculativeModel:
         self.draft_offset = 0 if options.prefill_shift else 1  # unshifted, draft slot p holds t_p
         # cache slots past the committed tokens one speculation step writes
         self.lookahead = lookahead(options)
-        check_max_seq_len(options.max_seq_len, self.lookahead, spec.rope_limit)  # replace(max_seq_len=), load_exported
         self.static_steps = options.static_steps if options.static_steps is not None else (
             options.backend == "triton" and not spec.vision_language)
         self.kv_cache = KVCache(spec, options, self.lookahead, scratch=self.static_steps)
@@ -79,8 +75,6 @@ class SpeculativeModel:
         self._chain_cycles = chain_cycles if chain_cycles is not None else {}
         self.chain_cycle = self._make_chain_cycle()
         self.speculates = options.num_spec_tokens > 0
-        if not self.speculates and self.tree is not None:
-            raise ValueError("num_spec_tokens=0 (the base alone) runs without a draft tree: drop draft_tree=")
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
         self._lock_owner: int | None = None
 
@@ -95,6 +89,7 @@ class SpeculativeModel:
         if bad:
             raise ValueError(f"replace() takes {RUNTIME_OPTIONS}; {bad} change the captured graphs: call eagle_fx.compile again")
         options = dataclasses.replace(self.options, **changes)
+        options.check_for_pair(self.spec.vision_language, self.spec.rope_limit)
         if proposer is None and "draft_tree" not in changes:
             proposer = self.proposer
         if forced_drafts is None and "draft_tree" not in changes:
