@@ -9,17 +9,21 @@ eager ops per layer. This pass makes each such node call the op's torch implemen
 Before:   out = eagle_fx.cached_attention(q, k, v, pool, ..., uniform_queries=True)
 After:    out = cached_attention_ref(q, k, v, pool, ..., uniform_queries=True)
 
-so dynamo traces the KV write (an in-place index_copy_ into the pool input), the gather through
+so dynamo traces the KV write (an in-place index_put_ into the pool input), the gather through
 the block table, the position mask and the attention into the compiled graph, and inductor fuses
-them with the rest of the step. The numerics are the op's own. Only for graphs that are compiled
+them with the rest of the step. A table longer than COMPILED_KEY_CHUNK keys (eagle_fx.ops.limits)
+is read in key chunks by a torch.while_loop (eagle_fx/ops/online_softmax.py): one graph for every
+table width, memory bounded by a chunk. The numerics are the op's own. Only for graphs that are compiled
 (eagle_fx.runtime.chain_cycle with backend="inductor"); exported graphs keep the ops.
 """
 from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule
+from torch.fx.operator_schemas import normalize_function
 
-from eagle_fx.ops.canonical import cached_attention_ref, shared_cached_attention_ref, tree_cached_attention_ref
+import eagle_fx.ops  # noqa: F401  (defines torch.ops.eagle_fx.*)
+from eagle_fx.ops.reference import cached_attention_ref, shared_cached_attention_ref, tree_cached_attention_ref
 
 from .result import PassContext, PassResult
 
@@ -33,10 +37,9 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in INLINE:
             continue
-        uniform = n.target == torch.ops.eagle_fx.tree_cached_attention.default or n.kwargs.get("uniform_queries", False)
-        batch_invariant = n.target == torch.ops.eagle_fx.cached_attention.default and (
-            n.args[11] if len(n.args) > 11 else n.kwargs.get("batch_invariant", False))
-        if not uniform or batch_invariant:
+        named = normalize_function(n.target, n.args, n.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        uniform = n.target == torch.ops.eagle_fx.tree_cached_attention.default or named["uniform_queries"]
+        if not uniform or named.get("batch_invariant", False):
             continue  # ragged or row-by-row attention reads the host: stays an opaque op
         n.target = INLINE[n.target]
         count += 1

@@ -9,7 +9,7 @@ After:    out = eagle_fx.cached_attention(q, k, v, pool, layer, ..., scale, wind
 
 (and likewise `eagle_fx.shared_cached_attention`). The op then reads no value on the host and
 builds no shape from data: each sequence's T // B rows attend its whole block-table row, masked
-by position (eagle_fx/ops/canonical.py). The prefill graphs, whose rows are ragged, are not
+by position (eagle_fx/ops/uniform_attention.py). The prefill graphs, whose rows are ragged, are not
 marked; tree attention is uniform by construction and has no flag. A batch-invariant attention
 (row by row, on the host) is left alone.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule
+from torch.fx.operator_schemas import normalize_function
 
 import eagle_fx.ops  # noqa: F401
 
@@ -31,12 +32,17 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in (CACHED, SHARED):
             continue
-        if n.target == CACHED and (n.args[11] if len(n.args) > 11 else n.kwargs.get("batch_invariant", False)):
+        named = normalize_function(n.target, n.args, n.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        if named.get("batch_invariant", False):
             skipped += 1
             continue
-        if n.kwargs.get("uniform_queries", False):
+        if named["uniform_queries"]:
             continue
-        n.kwargs = {**n.kwargs, "uniform_queries": True}
+        index = [a.name for a in n.target._schema.arguments].index("uniform_queries")
+        if len(n.args) > index:  # passed by position: set there (a keyword too would be a second value)
+            n.args = (*n.args[:index], True, *n.args[index + 1:])
+        else:
+            n.kwargs = {**n.kwargs, "uniform_queries": True}
         marked += 1
     gm.graph.lint()
     gm.recompile()
