@@ -13,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 # (name, query heads, kv heads, head dim); one hidden size, so the models' other kernels are the
 # same source and compile once
 CONFIGS = [("gqa_d8", 8, 2, 8), ("mha_d16", 4, 4, 16), ("gqa_d64", 2, 1, 64)]
@@ -54,6 +56,7 @@ def _compare_compiled_to_eager() -> None:
     print("ok", len(CONFIGS))
 
 
+@pytest.mark.heavy
 def test_backend_trains_from_a_cold_inductor_cache():
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
