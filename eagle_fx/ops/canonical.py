@@ -89,7 +89,7 @@ _lib.define(
 _lib.define(
     "shared_cached_attention(Tensor q, Tensor? k, Tensor? v, Tensor kv_pool, int base_layer, Tensor(a!) spec_kv, "
     "Tensor spec_rows, Tensor committed_len, Tensor block_table, Tensor query_start_loc, Tensor positions, "
-    "float scale, int sliding_window, bool uniform_queries=False) -> Tensor"
+    "float scale, int sliding_window, bool batch_invariant=False, bool uniform_queries=False) -> Tensor"
 )
 _lib.define(
     "tree_cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_pool, int layer, Tensor slot_mapping, "

@@ -16,7 +16,8 @@ def cached_attention_fake(q, k, v, kv_pool, layer, slot_mapping, block_table, qu
 
 
 def shared_cached_attention_fake(q, k, v, kv_pool, base_layer, spec_kv, spec_rows, committed_len, block_table,
-                                 query_start_loc, positions, scale, sliding_window, uniform_queries=False):
+                                 query_start_loc, positions, scale, sliding_window, batch_invariant=False,
+                                 uniform_queries=False):
     return torch.empty_like(q)
 
 

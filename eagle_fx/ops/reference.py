@@ -74,13 +74,14 @@ def cached_attention_ref(q: Tensor, k: Tensor, v: Tensor, kv_pool: Tensor, layer
 def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, kv_pool: Tensor, base_layer: int,
                                 spec_kv: Tensor, spec_rows: Tensor, committed_len: Tensor, block_table: Tensor,
                                 query_start_loc: Tensor, positions: Tensor, scale: float, sliding_window: int,
-                                uniform_queries: bool = False) -> Tensor:
+                                batch_invariant: bool = False, uniform_queries: bool = False) -> Tensor:
     """Write the uncommitted rows' k/v into the ring, then attend each query to its sequence's keys:
     the base layer's below committed_len, the ring's from there on. uniform_queries=True:
-    device-side only (a sequence's rows then span at most the ring's size in positions)."""
+    device-side only (a sequence's rows then span at most the ring's size in positions);
+    batch_invariant=True: one query row at a time, as cached_attention's."""
     kvh, ring = spec_kv.shape[-2], spec_kv.shape[2]
     pos = positions.reshape(-1)
-    if uniform_queries:
+    if uniform_queries and not batch_invariant:
         num_seqs, total = block_table.shape[0], pos.shape[0]
         seq = torch.arange(total, device=pos.device) // (total // num_seqs)
         if k is not None and v is not None:  # committed rows write back what the ring holds
@@ -125,6 +126,10 @@ def shared_cached_attention_ref(q: Tensor, k: Tensor | None, v: Tensor | None, k
         first = ends[s] + 1 - (b - a)
         read = shared_reader(paged_reader(kv_pool[base_layer], block_table[s], q.dtype), spec_kv[:, rows[s]], c,
                              q.dtype)
+        if batch_invariant:
+            out[:, :, a:b] = rows_one_by_one(q[:, :, a:b], read(0, num_keys), pos[a:b].tolist(), scale,
+                                             sliding_window)
+            continue
         out[:, :, a:b] = ragged_sdpa(q[:, :, a:b], read, kvh, num_keys, pos[a:b], first, scale, sliding_window)
     return out
 

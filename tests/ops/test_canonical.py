@@ -220,3 +220,30 @@ def test_compiled_layers_write_the_pool_in_place():
     torch.testing.assert_close(pool, eager_pool)
     loop_bounds = [int(b) for b in re.findall(r"x\d+<static_cast<int64_t>\((\d+)L\)", "".join(code))]
     assert loop_bounds and max(loop_bounds) < pool.numel() // 8
+
+
+def test_batch_invariant_shared_attention_attends_row_by_row():
+    """shared_cached_attention(batch_invariant=True) (a KV-sharing draft under batch_invariant):
+    each row's result is bit-identical to that row attended alone (rows called one at a time, in
+    order, so the ring holds the same speculated K/V), and close to the batched result."""
+    from eagle_fx.ops.canonical import shared_cached_attention_ref
+
+    g = torch.Generator().manual_seed(3)
+    heads, kvh, d, block_size, ring = 4, 2, 8, 4, 6
+    pool = torch.randn(2, 2, 6, block_size, kvh, d, generator=g)
+    spec_kv = torch.randn(2, 2, ring, kvh, d, generator=g)
+    table, committed, n = torch.tensor([[3, 1, 4, 0]]), 10, 5  # queries at 8..12: 3 of them past committed
+    pos = torch.arange(committed - 2, committed - 2 + n)
+    q, k, v = (torch.randn(1, h, n, d, generator=g) for h in (heads, kvh, kvh))
+
+    def call(rows, ring_kv, **flags):
+        return shared_cached_attention_ref(q[:, :, rows], k[:, :, rows], v[:, :, rows], pool, 1, ring_kv,
+                                           torch.tensor([1]), torch.tensor([committed]), table,
+                                           torch.tensor([0, rows.stop - rows.start]), pos[None, rows], 0.3, 0, **flags)
+
+    together_ring, alone_ring, batched_ring = spec_kv.clone(), spec_kv.clone(), spec_kv.clone()
+    together = call(slice(0, n), together_ring, batch_invariant=True)
+    alone = torch.cat([call(slice(i, i + 1), alone_ring, batch_invariant=True) for i in range(n)], dim=2)
+    assert torch.equal(together, alone)
+    torch.testing.assert_close(together_ring, alone_ring)
+    torch.testing.assert_close(together, call(slice(0, n), batched_ring), rtol=1e-5, atol=1e-5)

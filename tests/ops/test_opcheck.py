@@ -52,7 +52,8 @@ def _cases():
         cases.append(pytest.param("cached_attention", (q, k, v, pool, 1, slots, table, qsl, pos, 0.3, 0), kwargs,
                                   id=f"cached_attention-{name}"))
     ring = 4
-    for name, kwargs in (("ragged", {}), ("uniform", {"uniform_queries": True})):
+    for name, kwargs in (("ragged", {}), ("uniform", {"uniform_queries": True}),
+                         ("batch_invariant", {"batch_invariant": True})):
         q, k, v, pool, _, table, qsl, pos = _paged([6, 9], 2, seed=2)
         spec_kv = torch.randn(2, 3, ring, KV_HEADS, D, generator=g)
         committed = torch.tensor([7, 9])  # the first sequence's second row is speculated: written to the ring
