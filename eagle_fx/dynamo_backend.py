@@ -10,10 +10,16 @@ AOTAutograd; on the aten graph the eagle_fx passes run:
   lower_to_triton          the Triton fusions (RMSNorm + residual, SwiGLU, ...), where Triton can
                            run on the graph's device (else skipped, with the reason in the log)
 
-and the result is compiled by inductor. A backend must never break a model: each pass runs on a
-copy of the graph, and a pass that cannot rewrite it (an error inside the pass) leaves the graph
-as it was, with a log line saying why. Training works: AOTAutograd's forward and backward graphs
-both go through the passes, and an attention whose logsumexp the backward needs is left as SDPA.
+and the result is compiled by inductor. The passes run inside inductor's own pipeline
+(`compile_fx(..., inner_compile=...)`): inductor's AOTAutograd (its decompositions and
+partitioner) produces the forward, backward or inference graph, the passes rewrite it, and
+inductor's `compile_fx_inner` compiles it, so the forward's output strides reach the backward as
+with backend="inductor". (Compiling each partitioned graph with `compile_fx`, a second
+AOTAutograd inside the first, lost them: from a cold cache the backward was compiled for strides
+the forward did not return.) A backend must never break a model: each pass runs on a copy of the
+graph, and a pass that cannot rewrite it (an error inside the pass) leaves the graph as it was,
+with a log line saying why. Training works: the forward and backward graphs both go through the
+passes, and an attention whose logsumexp the backward needs is left as SDPA.
 Options (all optional; anything else is an error):
 
   passes     which passes to run, default ("canonicalize_attention", "lower_to_triton")
