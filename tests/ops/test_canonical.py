@@ -247,3 +247,36 @@ def test_batch_invariant_shared_attention_attends_row_by_row():
     assert torch.equal(together, alone)
     torch.testing.assert_close(together_ring, alone_ring)
     torch.testing.assert_close(together, call(slice(0, n), batched_ring), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_tree_and_shared_device_side_attention_in_key_chunks_equal_one_read(window):
+    """The tree attention and a KV-sharing draft's device-side attention read long tables in key
+    chunks too (one block each here): == reading the whole table at once, ring and pool as after."""
+    from eagle_fx.ops.canonical import shared_cached_attention_ref, tree_cached_attention_ref
+
+    one_block = 2 * 2 * 4 * 2 * 8  # K/V elements of one table column: 2 sequences, blocks of 4, 2 kv heads of 8
+    # a tree of 3 nodes (a root and its two children) per sequence, from logical slot tree_start
+    q, k, v, pool, _, bt, qsl, _ = _case([5, 9], 3)
+    tree_start, depth = torch.tensor([5, 9]), torch.tensor([0, 1, 1])
+    pos = (tree_start[:, None] + depth).reshape(1, -1)
+    logical = (tree_start[:, None] + torch.arange(3)).reshape(-1)
+    slots = bt[torch.arange(2).repeat_interleave(3), logical // 4] * 4 + logical % 4
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).repeat(2, 1)
+    args = (slots, bt, qsl, pos, mask, tree_start, 0.3, window)
+    pool_once = pool.clone()
+    once = tree_cached_attention_ref(q, k, v, pool_once, 1, *args)
+    with attention_limits(kv_read_limit=one_block):
+        chunked = tree_cached_attention_ref(q, k, v, pool, 1, *args)
+    torch.testing.assert_close(chunked, once, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pool, pool_once)
+    # a KV-sharing draft: committed keys from layer 0 of the pool, the last row of each sequence in the ring
+    q, k, v, pool, _, bt, qsl, pos = _case([6, 11], 2)
+    ring, committed = torch.randn(2, 3, 4, 2, 8, generator=torch.Generator().manual_seed(5)), torch.tensor([7, 12])
+    args = (pool, 0, torch.tensor([2, 0]), committed, bt, qsl, pos, 0.3, window)
+    ring_once = ring.clone()
+    once = shared_cached_attention_ref(q, k, v, *args[:2], ring_once, *args[2:], uniform_queries=True)
+    with attention_limits(kv_read_limit=one_block):
+        chunked = shared_cached_attention_ref(q, k, v, *args[:2], ring, *args[2:], uniform_queries=True)
+    torch.testing.assert_close(chunked, once, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ring, ring_once)
