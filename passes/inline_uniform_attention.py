@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule
-from torch.fx.operator_schemas import normalize_function
 
 import eagle_fx.ops  # noqa: F401  (defines torch.ops.eagle_fx.*)
 from eagle_fx.ops.reference import cached_attention_ref, shared_cached_attention_ref, tree_cached_attention_ref
 
+from .fx_graph import op_arguments
 from .result import PassContext, PassResult
 
 INLINE = {torch.ops.eagle_fx.cached_attention.default: cached_attention_ref,
@@ -37,7 +37,7 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in INLINE:
             continue
-        named = normalize_function(n.target, n.args, n.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        named = op_arguments(n)
         uniform = n.target == torch.ops.eagle_fx.tree_cached_attention.default or named["uniform_queries"]
         if not uniform or named.get("batch_invariant", False):
             continue  # ragged or row-by-row attention reads the host: stays an opaque op

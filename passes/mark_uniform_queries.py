@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 from torch.fx import GraphModule
-from torch.fx.operator_schemas import normalize_function
 
 import eagle_fx.ops  # noqa: F401
 
+from .fx_graph import op_arguments, set_op_arguments
 from .result import PassContext, PassResult
 
 CACHED = torch.ops.eagle_fx.cached_attention.default
@@ -32,17 +32,13 @@ def run(gm: GraphModule, ctx: PassContext | None = None) -> PassResult:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in (CACHED, SHARED):
             continue
-        named = normalize_function(n.target, n.args, n.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        named = op_arguments(n)
         if named.get("batch_invariant", False):
             skipped += 1
             continue
         if named["uniform_queries"]:
             continue
-        index = [a.name for a in n.target._schema.arguments].index("uniform_queries")
-        if len(n.args) > index:  # passed by position: set there (a keyword too would be a second value)
-            n.args = (*n.args[:index], True, *n.args[index + 1:])
-        else:
-            n.kwargs = {**n.kwargs, "uniform_queries": True}
+        set_op_arguments(n, uniform_queries=True)
         marked += 1
     gm.graph.lint()
     gm.recompile()
