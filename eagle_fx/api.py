@@ -119,7 +119,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
             prefill_chunk_size: int | None = None, prefix_caching: bool = False, bootstrap=None,
             num_blocks: int | None = None, batch_invariant: bool = False, kv_share="auto",
             static_steps: bool | None = None, draft_tree: dict | None = None,
-            tensor_parallel: int = 1) -> SpeculativeModel:
+            tensor_parallel: int = 1, gemm_autotune: bool = True) -> SpeculativeModel:
     """Capture `base` + `draft` as step graphs, run the passes, and return a SpeculativeModel.
 
     prefill_shift=False (default): the draft prefill is unshifted (drop_prefill_shift), so draft
@@ -139,6 +139,9 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
     TRITON_INTERPRET=1 set before eagle_fx is imported). static_steps runs the draft step and the
     verify over per-batch-bucket static buffers, captured as CUDA graphs on a GPU (default: on for
     backend="triton"). "tensorrt": each step graph exported and compiled by torch_tensorrt (CUDA).
+    gemm_autotune (backend="inductor" on a CPU): the compiled chain cycle picks every matmul's
+    kernel by benchmarking inductor's C++ GEMM template against ATen (the fast CPU decode; False
+    compiles in about a third of the time, for tests and quick tries).
     draft_tree=dict(top_k=, depth=, total_tokens=): EAGLE-2 dynamic draft trees instead of a chain
     of num_spec_tokens (eagle_fx.draft_tree); the verify is total_tokens + 1 rows per sequence. The
     tree steps run as plain graph calls (no static buffers). model.replace(draft_tree=None,
@@ -155,7 +158,8 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                       max_batch_size=max_batch_size, max_seq_len=max_seq_len, block_size=block_size,
                       prefill_chunk_size=prefill_chunk_size, prefix_caching=prefix_caching, bootstrap=bootstrap,
                       num_blocks=num_blocks, batch_invariant=batch_invariant, kv_share=kv_share,
-                      static_steps=static_steps, draft_tree=draft_tree, tensor_parallel=tensor_parallel)
+                      static_steps=static_steps, draft_tree=draft_tree, tensor_parallel=tensor_parallel,
+                      gemm_autotune=gemm_autotune)
     _check_pair(base, draft)
     tp_rank, tp_group = _tensor_parallel_rank(base, options.tensor_parallel)
     rope_limit = pair_rope_limit(base, draft)

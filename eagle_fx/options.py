@@ -34,6 +34,9 @@ class Options:
     draft_tree: DraftTree | dict | None = None
     # ranks the base is sharded over (shard_tensor_parallel; under torchrun, one process per rank)
     tensor_parallel: int = 1
+    # backend="inductor" on a CPU: the compiled chain cycle benchmarks inductor's C++ GEMM template
+    # against ATen for every matmul (faster decode; a cold compile takes minutes longer)
+    gemm_autotune: bool = True
 
     def __post_init__(self):
         k = self.num_spec_tokens
@@ -68,6 +71,8 @@ class Options:
                 raise ValueError(f"draft_tree does not run with kv_share=LAYER (here {ks}; kv_share='auto' takes a "
                                  "sharing draft's trained layer): the draft's speculated K/V ring is a chain; pass "
                                  "kv_share=None (the draft keeps its own K/V) or 'pool' with a tree")
+        if not isinstance(self.gemm_autotune, bool):
+            raise ValueError(f"gemm_autotune must be True or False, got {self.gemm_autotune!r}")
         tp = self.tensor_parallel
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tensor_parallel must be an int >= 1, got {tp!r}")

@@ -50,6 +50,7 @@ def test_seeded_sampling_is_reproducible():
     (dict(prefill_chunk_size=0), "prefill_chunk_size must be None or a positive int"),
     (dict(prefill_shift=True, bootstrap=torch.zeros(64)), "no use with prefill_shift=True"),
     (dict(block_size=-1), "block_size must be a positive int"),
+    (dict(gemm_autotune="yes"), "gemm_autotune must be True or False"),
 ])
 def test_bad_options(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -151,12 +151,13 @@ class ChainCycle:
     a masked second column), so the width never specialises."""
 
     def __init__(self, graphs: dict | None, signatures: dict, spec, num_spec_tokens: int, draft_offset: int,
-                 block_size: int, compiler=None):
+                 block_size: int, compiler=None, gemm_autotune: bool = True):
         """graphs: the draft_step / verify / draft_extend GraphModules to compile the cycle from (None:
         no compiled cycle). compiler(fn) -> compiled fn (default: inductor, dynamic sizes, frozen
-        weights; tests pass a lighter one)."""
+        weights, GEMMs autotuned unless gemm_autotune=False; tests pass a lighter one)."""
         self.compile = graphs is not None
-        self._compiler = compiler or partial(compile_dynamic, fullgraph=True, frozen_on=spec.device, cpp_wrapper=True)
+        self._compiler = compiler or partial(compile_dynamic, fullgraph=True, frozen_on=spec.device, cpp_wrapper=True,
+                                             autotune=gemm_autotune)
         if self.compile:  # the device-side attention traced into the one compiled graph (not opaque ops)
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec = graphs, signatures, spec

@@ -33,23 +33,25 @@ from torch._inductor import config as inductor_config
 from torch.fx.experimental import _config as fx_config
 
 
-def frozen_weights_config(device: torch.device | str, cpp_wrapper: bool = False) -> dict:
-    """inductor settings for graphs whose weights are constants: freezing, and on a CPU the
-    autotuned choice between the C++ GEMM template and ATen for every matmul; cpp_wrapper (CPU):
+def frozen_weights_config(device: torch.device | str, cpp_wrapper: bool = False, autotune: bool = True) -> dict:
+    """inductor settings for graphs whose weights are constants: freezing, and on a CPU (autotune)
+    the autotuned choice between the C++ GEMM template and ATen for every matmul; cpp_wrapper (CPU):
     the compiled graph's calling code in C++ instead of Python (for graphs of ATen ops only: the
     chain cycle, about 7% faster per k=0 token on the bundled pair, interleaved A/B)."""
     settings = {"freezing": True}
     if torch.device(device).type == "cpu":
-        settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", cpp_wrapper=cpp_wrapper)
+        settings.update(cpp_wrapper=cpp_wrapper)
+        if autotune:
+            settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     return settings
 
 
 def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str | None = None,
-                    cpp_wrapper: bool = False):
+                    cpp_wrapper: bool = False, autotune: bool = True):
     """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd.
     frozen_on (a device): the weights of the modules fn calls frozen (frozen_weights_config)."""
     compiled = torch.compile(fn, backend="inductor", dynamic=True, fullgraph=fullgraph)
-    settings = frozen_weights_config(frozen_on, cpp_wrapper) if frozen_on is not None else {}
+    settings = frozen_weights_config(frozen_on, cpp_wrapper, autotune) if frozen_on is not None else {}
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

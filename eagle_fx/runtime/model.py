@@ -111,7 +111,7 @@ class SpeculativeModel:
                 if compile else None
             self._chain_cycles[key] = ChainCycle(graphs, self.signatures, self.spec,
                                                  self.options.num_spec_tokens, self.draft_offset,
-                                                 self.options.block_size)
+                                                 self.options.block_size, gemm_autotune=self.options.gemm_autotune)
         return self._chain_cycles[key]
 
     def reset(self) -> None:
