@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from eagle_fx.graph_kinds import GRAPH_KINDS
 from eagle_fx.options import Options
 from eagle_fx.runtime import PairSpec, SpeculativeModel
 from eagle_fx.runtime.signature import StepSignature
+from eagle_fx.version import __version__
 
 TARGETS = ("exported_program", "aoti", "tensorrt")
 SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2"}
@@ -44,7 +44,7 @@ SUFFIX = {"exported_program": ".pt2", "aoti": ".aoti.pt2", "tensorrt": ".trt.pt2
 # 4: weights are graph inputs from one weights.safetensors, no example inputs in the graph files
 FORMAT = 4
 # the installed eagle_fx (its package metadata; `import eagle_fx` here would close an import cycle)
-EAGLE_FX_VERSION = version("eagle_fx")
+EAGLE_FX_VERSION = __version__
 
 
 class ExportError(ValueError):
