@@ -10,6 +10,10 @@ export TRITON_INTERPRET=0   # compiled kernels, not the CPU interpreter the CPU 
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } > "$OUT/machine.txt" 2>&1
+# eagle_fx needs torch 2.13 (pyproject); the lent H200 had 2.11.0+cu130 on 2026-12-04, whose torch.export
+# fails in the capture (a constraint violation on the packed token axis): say so up front
+python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13') else 1)" \
+  || echo "WARNING: torch $(python -c 'import torch; print(torch.__version__)') here, eagle_fx needs 2.13: capture fails" >> "$OUT/machine.txt"
 # no network there: register the package (entry points) without fetching anything
 pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || echo "install failed (see install.log)" >> "$OUT/machine.txt"
 # where that editable install does not map eagle_fx.passes (an older setuptools there): run from the tree
