@@ -4,21 +4,14 @@ import pytest
 import torch
 
 from eagle_fx.ops.canonical import attention_limits, cached_attention_ref
+from tests.ops.paged_case import paged_layout
 
 
 def _case(lens_before, per_seq, heads=4, kvh=2, d=8, block_size=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    n_seq = len(lens_before)
-    blocks_per_seq = 6
-    pool = torch.randn(2, 2, n_seq * blocks_per_seq + 1, block_size, kvh, d, generator=g)
-    block_table = torch.randperm(n_seq * blocks_per_seq, generator=g).view(n_seq, blocks_per_seq)
-    pos = torch.cat([torch.arange(n, n + per_seq) for n in lens_before])
-    seq = torch.arange(n_seq).repeat_interleave(per_seq)
-    slots = block_table[seq, pos // block_size] * block_size + pos % block_size
-    total = n_seq * per_seq
+    pool, block_table, slots, pos, qsl, total = paged_layout(lens_before, per_seq, kvh, d, block_size, 6, g)
     q, k, v = (torch.randn(1, h, total, d, generator=g) for h in (heads, kvh, kvh))
-    qsl = torch.arange(n_seq + 1) * per_seq
-    return q, k, v, pool, slots, block_table, qsl, pos[None]
+    return q, k, v, pool, slots, block_table, qsl, pos
 
 
 @pytest.mark.parametrize("window", [0, 5])
@@ -83,18 +76,26 @@ def test_tiled_long_context_path_equals_the_masked_formula(window, dtype, fused,
     torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol)
 
 
+def _kv_sharing_case(seed: int, pool_layers: int, first_query: int):
+    """One sequence of a KV-sharing draft: 10 committed tokens in base-pool blocks [3, 1, 4, 0], a
+    ring of 6 speculated slots, 5 query rows at first_query..first_query+4 (4 heads, 2 kv heads of 8)."""
+    g = torch.Generator().manual_seed(seed)
+    heads, kvh, d, block_size, ring = 4, 2, 8, 4, 6
+    pool = torch.randn(pool_layers, 2, 6, block_size, kvh, d, generator=g)
+    spec_kv = torch.randn(2, 2, ring, kvh, d, generator=g)
+    table, committed, n = torch.tensor([[3, 1, 4, 0]]), 10, 5
+    pos = torch.arange(first_query, first_query + n)
+    q, k, v = (torch.randn(1, h, n, d, generator=g) for h in (heads, kvh, kvh))
+    return q, k, v, pool, spec_kv, table, committed, n, pos
+
+
 def test_tiled_path_of_a_kv_sharing_draft_reads_base_then_ring():
     """shared_cached_attention's ragged path in tiles: committed keys from the base pool's blocks,
     later ones from the ring, == the masked formula over the two concatenated."""
     from eagle_fx.ops import canonical
 
-    g = torch.Generator().manual_seed(2)
-    heads, kvh, d, block_size, ring = 4, 2, 8, 4, 6
-    pool = torch.randn(3, 2, 6, block_size, kvh, d, generator=g)
-    spec_kv = torch.randn(2, 2, ring, kvh, d, generator=g)
-    block_table, committed, n = torch.tensor([[3, 1, 4, 0]]), 10, 5  # queries at 9..13: 4 of them past committed
-    pos = torch.arange(committed - 1, committed - 1 + n)
-    q, k, v = (torch.randn(1, h, n, d, generator=g) for h in (heads, kvh, kvh))
+    q, k, v, pool, spec_kv, block_table, committed, n, pos = _kv_sharing_case(2, 3, 9)  # 4 queries past committed
+    ring = spec_kv.shape[2]
     ring_after = spec_kv.clone()
     with attention_limits(query_tile=2, score_limit=4 * 2 * 3):
         out = canonical.shared_cached_attention_ref(q, k, v, pool, 2, ring_after, torch.tensor([1]),
@@ -228,13 +229,7 @@ def test_batch_invariant_shared_attention_attends_row_by_row():
     order, so the ring holds the same speculated K/V), and close to the batched result."""
     from eagle_fx.ops.canonical import shared_cached_attention_ref
 
-    g = torch.Generator().manual_seed(3)
-    heads, kvh, d, block_size, ring = 4, 2, 8, 4, 6
-    pool = torch.randn(2, 2, 6, block_size, kvh, d, generator=g)
-    spec_kv = torch.randn(2, 2, ring, kvh, d, generator=g)
-    table, committed, n = torch.tensor([[3, 1, 4, 0]]), 10, 5  # queries at 8..12: 3 of them past committed
-    pos = torch.arange(committed - 2, committed - 2 + n)
-    q, k, v = (torch.randn(1, h, n, d, generator=g) for h in (heads, kvh, kvh))
+    q, k, v, pool, spec_kv, table, committed, n, pos = _kv_sharing_case(3, 2, 8)  # 3 queries past committed
 
     def call(rows, ring_kv, **flags):
         return shared_cached_attention_ref(q[:, :, rows], k[:, :, rows], v[:, :, rows], pool, 1, ring_kv,

@@ -9,6 +9,7 @@ import torch
 
 import eagle_fx.ops  # noqa: F401  (defines torch.ops.eagle_fx.*)
 from eagle_fx.ops.triton import load_kernels, triton_status
+from tests.ops.paged_case import paged_layout
 
 if triton_status("cpu")[0]:
     load_kernels()
@@ -29,15 +30,9 @@ def _projected(total, heads, g, requires_grad=False):
 def _paged(lens_before, per_seq, seed=0):
     """Sequences with lens_before cached tokens and per_seq new query rows each, in a pool of 2 layers."""
     g = _g(seed)
-    n_seq, blocks_per_seq = len(lens_before), 5
-    pool = torch.randn(2, 2, n_seq * blocks_per_seq + 1, BLOCK, KV_HEADS, D, generator=g)
-    table = torch.randperm(n_seq * blocks_per_seq, generator=g).view(n_seq, blocks_per_seq)
-    pos = torch.cat([torch.arange(n, n + per_seq) for n in lens_before])
-    seq = torch.arange(n_seq).repeat_interleave(per_seq)
-    slots = table[seq, pos // BLOCK] * BLOCK + pos % BLOCK
-    total = n_seq * per_seq
+    pool, table, slots, pos, qsl, total = paged_layout(lens_before, per_seq, KV_HEADS, D, BLOCK, 5, g)
     q, k, v = _projected(total, HEADS, g), _projected(total, KV_HEADS, g), _projected(total, KV_HEADS, g)
-    return q, k, v, pool, slots, table, torch.arange(n_seq + 1) * per_seq, pos[None]
+    return q, k, v, pool, slots, table, qsl, pos
 
 
 def _cases():
