@@ -33,7 +33,7 @@ import torch
 from eagle_fx.passes import inline_uniform_attention
 from eagle_fx.passes.fx_graph import copy_graph_module
 from eagle_fx.runtime.compiled import compile_dynamic
-from eagle_fx.runtime.sampling import Warping, greedy, race_noise, race_sample
+from eagle_fx.runtime.sampling import Warping, greedy, race_sample
 from eagle_fx.runtime.stats import CHAIN_CYCLE
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
@@ -206,8 +206,8 @@ class ChainCycle:
                 raise ValueError("synthetic acceptance (a bench mode) runs greedy only")
             settings = dataclasses.replace(settings, sampling=True)
             noise.warping = sampler.warping(num_seqs, device)
-            noise.uniforms = torch.rand(num_seqs, k, generator=sampler.generator, device=device)
-            noise.race = race_noise((num_seqs, k + 1, self.spec.vocab_size), sampler.generator, device)
+            noise.uniforms = sampler.uniforms(num_seqs, k, device)
+            noise.race = sampler.race((num_seqs, k + 1, self.spec.vocab_size), device)
         elif settings.synthetic_acceptance is not None:
             noise.uniforms = torch.rand(num_seqs, k, generator=self._coin, device=device)
         with torch.no_grad():

@@ -73,7 +73,7 @@ class SpeculativeModel:
         self.bootstrap = bootstrap.to(device=self.device, dtype=self.dtype)[None]
         # chain cycles (compiled ones included) are shared with every model replace() makes from this one
         self._chain_cycles = chain_cycles if chain_cycles is not None else {}
-        self.chain_cycle = self._make_chain_cycle()
+        self.chain_cycle = self.chain_cycle_for(options.num_spec_tokens) if self.tree is None else None
         self.speculates = options.num_spec_tokens > 0
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
         self._lock_owner: int | None = None
@@ -97,20 +97,19 @@ class SpeculativeModel:
         return SpeculativeModel(self.graphs, self.callables, options, self.spec, self.signatures, self.image_encoder,
                                 proposer, self._chain_cycles, forced_drafts)
 
-    def _make_chain_cycle(self) -> ChainCycle | None:
-        """A chain's cycle (eagle_fx.runtime.chain_cycle), None for a draft tree. With
+    def chain_cycle_for(self, num_spec_tokens: int) -> ChainCycle:
+        """The chain cycle (eagle_fx.runtime.chain_cycle) of k = num_spec_tokens over this model's
+        graphs (the serving engine's adaptive speculation runs several k on one model). With
         backend="inductor" (and the GraphModules at hand, no static buffers, not a vision-language
-        pair) it also holds the cycle compiled as one graph."""
-        if self.tree is not None:
-            return None
+        pair) it also holds the cycle compiled as one graph. Shared with every model replace() makes."""
         compile = (self.options.backend == "inductor" and self.graphs is not None and not self.static_steps
                    and not self.spec.vision_language)
-        key = (self.options.num_spec_tokens, self.options.block_size, compile)
+        key = (num_spec_tokens, self.options.block_size, compile)
         if key not in self._chain_cycles:
             graphs = {name: getattr(self.graphs, name) for name in ("draft_step", "verify", "draft_extend")} \
                 if compile else None
             self._chain_cycles[key] = ChainCycle(graphs, self.signatures, self.spec,
-                                                 self.options.num_spec_tokens, self.draft_offset,
+                                                 num_spec_tokens, self.draft_offset,
                                                  self.options.block_size, gemm_autotune=self.options.gemm_autotune)
         return self._chain_cycles[key]
 

@@ -25,6 +25,18 @@ class Prefilled:
 def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
     """prompts[s][cached_tokens[s]:] of every sequence of the wave, chunk by chunk; carry [B, F] is
     each sequence's feature before its first computed token (updated in place chunk by chunk)."""
+    chunks = prefill_chunks(model, call, wave, carry)
+    while True:
+        try:
+            next(chunks)
+        except StopIteration as done:
+            return done.value
+
+
+def prefill_chunks(model, call, wave, carry: torch.Tensor):
+    """prefill() one chunk at a time: a generator that yields after each chunk (the serving engine
+    runs decode cycles in between) and returns the Prefilled. wave.spec_rows (when set): each
+    sequence's row of the per-sequence buffers (the engine's slot), else its index in the wave."""
     device, block_size = model.device, model.options.block_size
     long = dict(dtype=torch.long, device=device)
     prompts, block_table, stats = wave.graph_prompts, wave.blocks.block_table, call.stats
@@ -47,6 +59,7 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
         positions = torch.cat([torch.arange(begin, end, **long) for begin, end in spans])
         seq = torch.repeat_interleave(torch.arange(len(chunk_seqs), **long), num_tokens)
         rows = torch.tensor(chunk_seqs, **long)
+        spec_rows = rows if wave.spec_rows is None else wave.spec_rows[rows]
         table = block_table[rows]
         slots = slot_mapping(table, seq, positions, block_size)
         last = query_start_loc[1:] - 1
@@ -54,7 +67,7 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
             "base", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None], logits_indices=last,
             slot_mapping=slots, block_table=table, query_start_loc=query_start_loc, seq_rows=rows)
         is_final = [end == lens[s] for s, (begin, end) in zip(chunk_seqs, spans)]
-        sampled = call.sampler.pick(logits)
+        sampled = call.sampler.select(chunk_seqs).pick(logits)
         final = torch.tensor(is_final, dtype=torch.bool, device=device)
         next_tokens = None
         if model.options.prefill_shift:  # the look-ahead token
@@ -68,7 +81,7 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
             chunk_logits, chunk_hidden = model.executor.prefill(
                 "draft_prefill", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None],
                 features=features, logits_indices=last, next_tokens=next_tokens, carry_features=carry[rows],
-                query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=rows,
+                query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=spec_rows,
                 committed_len=ends)
             # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
             stats.prefill_tokens_computed_draft += len(chunk_seqs) if model.kv_cache.kv_mode == "layer" else ids.numel()
@@ -84,4 +97,5 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
         draft_logits[final_rows], draft_hidden[final_rows] = chunk_logits[final], chunk_hidden[final]
         for s, (begin, end) in zip(chunk_seqs, spans):
             done[s] = end
+        yield
     return Prefilled(pending, last_features, draft_logits, draft_hidden)

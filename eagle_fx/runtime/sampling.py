@@ -111,9 +111,69 @@ class Sampler:
         """logits [B, ..., V] -> this call's warped distribution."""
         return self.warping(logits.shape[0], logits.device).probs(logits)
 
+    def select(self, rows: list[int]) -> "Sampler":
+        """The sampler of a subset of rows (one call's settings serve every row: itself)."""
+        return self
+
+    def uniforms(self, num_rows: int, k: int, device) -> torch.Tensor:
+        """[num_rows, k] U[0, 1) draws for the acceptance test, from this call's generator."""
+        return torch.rand(num_rows, k, generator=self.generator, device=device)
+
+    def race(self, shape, device) -> torch.Tensor:
+        """[num_rows, ...] Exp(1) draws for race_sample, from this call's generator."""
+        return race_noise(shape, self.generator, device)
+
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         """The base's token from its logits [B, V]: argmax, or a race sample from the warped distribution."""
         if self.is_greedy:
             return greedy(logits)
         probs = self.probs(logits)
-        return race_sample(probs, race_noise(probs.shape, self.generator, logits.device))
+        return race_sample(probs, self.race(probs.shape, logits.device))
+
+
+@dataclass
+class RowSampler:
+    """Each row its own settings and generator (the serving engine: one row per request). A row at
+    temperature 0 is greedy (its noise is a constant: the warped p is one-hot). The noise of a row
+    comes from its own generator only, so a seeded row draws the same numbers whatever rows it is
+    batched with. The same methods as Sampler, which the chain cycle and the prefill call."""
+
+    temperature: list[float]
+    top_k: list[int]
+    top_p: list[float]
+    generators: list  # per row: a torch.Generator, or None (greedy)
+
+    @property
+    def is_greedy(self) -> bool:
+        return all(t == 0 for t in self.temperature)
+
+    def warping(self, num_rows: int, device) -> Warping:
+        assert num_rows == len(self.temperature), "one setting per row"
+        return Warping(torch.tensor(self.temperature, dtype=torch.float32, device=device),
+                       torch.tensor(self.top_k, dtype=torch.long, device=device),
+                       torch.tensor(self.top_p, dtype=torch.float32, device=device))
+
+    def select(self, rows: list[int]) -> "RowSampler":
+        """The sampler of these rows, in this order."""
+        return RowSampler([self.temperature[r] for r in rows], [self.top_k[r] for r in rows],
+                          [self.top_p[r] for r in rows], [self.generators[r] for r in rows])
+
+    def _per_row(self, shape, device, draw, constant: float) -> torch.Tensor:
+        rows = [draw(g) if g is not None else torch.full(tuple(shape[1:]), constant, device=device)
+                for g in self.generators]
+        return torch.stack(rows)
+
+    def uniforms(self, num_rows: int, k: int, device) -> torch.Tensor:
+        return self._per_row((num_rows, k), device, lambda g: torch.rand(k, generator=g, device=device), 0.5)
+
+    def race(self, shape, device) -> torch.Tensor:
+        return self._per_row(shape, device, lambda g: race_noise(tuple(shape[1:]), g, device), 1.0)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.warping(logits.shape[0], logits.device).probs(logits)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.is_greedy:
+            return greedy(logits)
+        probs = self.probs(logits)
+        return race_sample(probs, self.race(probs.shape, logits.device))

@@ -112,6 +112,7 @@ class Wave:
     contexts: list[list[int]] = field(default_factory=list)  # prompt + output, per sequence
     # per sequence, once it stops: leading positions whose base AND draft K/V are final
     final_positions: list[int | None] = field(default_factory=list)
+    spec_rows: torch.Tensor | None = None  # each sequence's row of per-sequence buffers (None: its index)
 
     def contexts_of(self, batch: ActiveBatch) -> list[list[int]]:
         return [self.contexts[s] for s in batch.seqs]
@@ -163,6 +164,22 @@ def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int,
     return table.clone(memory_format=torch.contiguous_format)  # standard strides: no stride guard
 
 
+def enter_draft(model, profiler, tables, first, rows, pending, committed_len, block_table, spec_rows):
+    """The draft's state before the first cycle of sequences `rows` of a prefill (`first`): unshifted,
+    the pending token t_n enters the draft at position n with feature f_{n-1} (one draft_extend
+    row each); shifted, the draft prefill's last call already is it. Returns draft_logits,
+    draft_hidden [len(rows), ...]."""
+    if not (model.draft_offset and model.speculates):
+        return first.draft_logits[rows], first.draft_hidden[rows]
+    num_seqs = pending.shape[0]
+    seq_index = torch.arange(num_seqs + 1, dtype=torch.long, device=pending.device)
+    return model.executor.call(
+        "draft_extend", tables, profiler, input_ids=pending[None], positions=committed_len[None],
+        features=first.last_features[rows], logits_indices=seq_index[:num_seqs], next_tokens=pending,
+        query_start_loc=seq_index, block_table=block_table, spec_rows=spec_rows, committed_len=committed_len,
+        slot_mapping=slot_mapping(block_table, seq_index[:num_seqs], committed_len, model.options.block_size))
+
+
 def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     """Prefill, then speculative cycles until every sequence of the wave stops."""
     long = dict(dtype=torch.long, device=model.device)
@@ -180,16 +197,8 @@ def decode_wave(model, call: GenerateCall, wave: Wave) -> None:
     committed_len = torch.tensor([len(wave.prompts[s]) for s in active], **long)
     pending = first.pending[rows]
     block_table = decode_table(model, wave, rows, max(len(wave.prompts[s]) for s in active))
-    num_active = len(active)
-    seq_index = torch.arange(num_active + 1, **long)
-    if model.draft_offset and model.speculates:  # unshifted: t_n enters the draft at position n with feature f_{n-1}
-        draft_logits, draft_hidden = model.executor.call(
-            "draft_extend", wave.tables, call.profiler, input_ids=pending[None], positions=committed_len[None],
-            features=first.last_features[rows], logits_indices=seq_index[:num_active], next_tokens=pending,
-            query_start_loc=seq_index, slot_mapping=slot_mapping(block_table, seq_index[:num_active], committed_len, model.options.block_size),
-            block_table=block_table, spec_rows=rows, committed_len=committed_len)
-    else:
-        draft_logits, draft_hidden = first.draft_logits[rows], first.draft_hidden[rows]
+    draft_logits, draft_hidden = enter_draft(model, call.profiler, wave.tables, first, rows, pending, committed_len,
+                                             block_table, rows)
     batch = ActiveBatch(active, rows, pending, committed_len, block_table, draft_logits, draft_hidden)
     cycle = model.chain_cycle
     while batch.size:

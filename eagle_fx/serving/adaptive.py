@@ -1,0 +1,136 @@
+"""Adaptive speculation: which k the next cycle runs, from measured step costs and each request's
+recent acceptance; and acceptance-collapse detection per request.
+
+Expected tokens of one cycle at k for a request whose conditional acceptance at draft position i
+(given positions < i accepted) is a_i:  E(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i  (a greedy chain's
+acceptance at position j does not depend on k). The batch's rate at k is sum_r E_r(k) / cost(k, B);
+the k with the largest rate runs (k = 0: plain decoding, E = 1). Costs are the measured seconds of
+one cycle (draft steps + verify + extend, host read included) per (k, batch size): measured at
+warm-up over powers of two and kept current with every cycle (an exponential moving average);
+between measured sizes they are interpolated linearly.
+
+Acceptance per request is kept as decayed counts (recent cycles weigh more), with the engine's
+own decayed counts over every request as the prior of a new request (before any: PRIOR_ACCEPTANCE).
+"""
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+PRIOR_ACCEPTANCE = 0.6  # a draft position's acceptance before anything is measured
+DECAY = 0.9  # per cycle, of the acceptance counts (about the last 10 cycles weigh)
+PRIOR_WEIGHT = 2.0  # how many cycles the engine-wide prior counts as, for one request
+HYSTERESIS = 1.03  # another k must be this much faster than the current one to switch
+
+
+@dataclass
+class Acceptance:
+    """Decayed counts per draft position: tried[i] (position i drafted with positions < i accepted)
+    and accepted[i]."""
+
+    num_positions: int
+    tried: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.tried = self.tried or [0.0] * self.num_positions
+        self.accepted = self.accepted or [0.0] * self.num_positions
+
+    def record(self, k: int, accepted: int) -> None:
+        for i in range(self.num_positions):
+            self.tried[i] *= DECAY
+            self.accepted[i] *= DECAY
+        for i in range(min(k, accepted + 1)):  # positions 0..accepted were tried; the first `accepted` passed
+            self.tried[i] += 1.0
+            self.accepted[i] += float(i < accepted)
+
+    def rates(self, prior: list[float] | None = None) -> list[float]:
+        """Conditional acceptance per position, pulled toward `prior` (PRIOR_WEIGHT cycles' worth)."""
+        prior = prior or [PRIOR_ACCEPTANCE] * self.num_positions
+        return [(a + PRIOR_WEIGHT * p) / (t + PRIOR_WEIGHT) for a, t, p in zip(self.accepted, self.tried, prior)]
+
+
+def expected_tokens(rates: list[float], k: int) -> float:
+    """1 + sum_{j<=k} prod_{i<=j} rates[i-1]: tokens one cycle of k drafts commits, on average."""
+    total, run = 1.0, 1.0
+    for a in rates[:k]:
+        run *= a
+        total += run
+    return total
+
+
+class StepCosts:
+    """Seconds of one cycle per (k, batch size): measured, smoothed, interpolated."""
+
+    def __init__(self, smoothing: float = 0.2):
+        self.smoothing = smoothing
+        self._seconds: dict[int, dict[int, float]] = {}
+
+    def observe(self, k: int, batch: int, seconds: float) -> None:
+        table = self._seconds.setdefault(k, {})
+        old = table.get(batch)
+        table[batch] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+    def measured(self) -> dict[int, dict[int, float]]:
+        return {k: dict(sorted(t.items())) for k, t in sorted(self._seconds.items())}
+
+    def cost(self, k: int, batch: int) -> float:
+        """Interpolated linearly between the nearest measured sizes; past the largest, along the
+        line through the two largest (never below the largest's cost); below the smallest, its cost."""
+        table = self._seconds.get(k)
+        if not table:
+            raise KeyError(f"no cost measured for k={k}")
+        sizes = sorted(table)
+        if batch <= sizes[0]:
+            return table[sizes[0]]
+        if batch >= sizes[-1]:
+            if len(sizes) == 1:
+                return table[sizes[0]] * batch / sizes[0]
+            lo, hi = sizes[-2], sizes[-1]
+            return max(table[hi], table[hi] + (table[hi] - table[lo]) / (hi - lo) * (batch - hi))
+        at = bisect.bisect_left(sizes, batch)
+        lo, hi = sizes[at - 1], sizes[at]
+        return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo)
+
+
+def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int) -> int:
+    """The k for the speculating requests (their acceptance rates `spec_rates`), the `num_off`
+    requests with speculation off running a k=0 cycle of their own beside them. k = 0 runs every
+    request in one plain cycle. The current k is kept unless another is HYSTERESIS faster."""
+    total = len(spec_rates) + num_off
+
+    def rate(k: int) -> float:
+        if k == 0 or not spec_rates:
+            return total / costs.cost(0, total)
+        seconds = costs.cost(k, len(spec_rates)) + (costs.cost(0, num_off) if num_off else 0.0)
+        return (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
+
+    rates = {k: rate(k) for k in ks}
+    best = max(rates, key=rates.get)
+    if current in rates and rates[best] < HYSTERESIS * rates[current]:
+        return current
+    return best
+
+
+@dataclass
+class CollapseWatch:
+    """One request's recent acceptance: `window` cycles of (accepted, drafted). Collapsed when the
+    window is full and accepted / drafted < threshold."""
+
+    window: int
+    threshold: float
+    recent: deque = field(default_factory=deque)
+
+    def record(self, accepted: int, drafted: int) -> bool:
+        """Add a cycle; True when acceptance has collapsed."""
+        self.recent.append((accepted, drafted))
+        if len(self.recent) > self.window:
+            self.recent.popleft()
+        if len(self.recent) < self.window:
+            return False
+        drafted_total = sum(d for _, d in self.recent)
+        return drafted_total > 0 and sum(a for a, _ in self.recent) / drafted_total < self.threshold
+
+    def clear(self) -> None:
+        self.recent.clear()

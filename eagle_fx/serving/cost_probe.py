@@ -1,0 +1,57 @@
+"""Cycle costs measured before serving: for adaptive speculation, the seconds of one cycle at each
+candidate k and batch sizes 1, 2, 4, ... up to the slots, on blocks taken from (and given back
+to) the engine's own pool, at a context of `context` tokens. Each first call also compiles the
+cycle for that k (inductor), so serving never compiles inside a request's latency."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def batch_sizes_up_to(slots: int) -> list[int]:
+    sizes, b = [], 1
+    while b < slots:
+        sizes.append(b)
+        b *= 2
+    return sizes + [slots]
+
+
+@torch.no_grad()
+def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 3, context: int = 64) -> dict:
+    """Median seconds of `repeats` cycles per (k, batch size) into engine.costs; returns the table."""
+    model, kv = engine.model, engine.kv
+    slots = model.options.max_batch_size
+    batch_sizes = batch_sizes or batch_sizes_up_to(slots)
+    context = min(context, model.options.max_seq_len - 1)
+    width = max(kv.table_width(context + model.lookahead + model.draft_offset), 2)
+    long = dict(dtype=torch.long, device=model.device)
+    for batch in batch_sizes:
+        try:
+            blocks = kv.allocator.allocate(batch * width)
+        except RuntimeError:
+            continue  # a pool too small for this many sequences at this context: not measured
+        try:
+            table = torch.tensor(blocks, **long).view(batch, width)
+            rows = torch.arange(batch, **long)
+            for k in engine.ks:
+                cycle = engine.cycles[k]
+                args = (torch.zeros(batch, **long), torch.full((batch,), context, **long), table, rows,
+                        engine.draft_logits[:batch].clone(), engine.draft_hidden[:batch].clone())
+                cycle(model.executor, _greedy(), *args)  # compiles (first time) and warms
+                seconds = []
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    out = cycle(model.executor, _greedy(), *args)
+                    out[0].tolist()
+                    seconds.append(time.perf_counter() - started)
+                engine.costs.observe(k, batch, sorted(seconds)[len(seconds) // 2])
+        finally:
+            kv.allocator.release(blocks)
+    return engine.costs.measured()
+
+
+def _greedy():
+    from eagle_fx.runtime.sampling import Sampler
+
+    return Sampler()

@@ -1,0 +1,435 @@
+"""The serving engine: continuous batching of requests over one SpeculativeModel (a chain).
+
+    engine = Engine(model, tokenizer, speculation="adaptive")   # or a fixed k (0 included)
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=64))
+    while engine.has_unfinished():
+        for out in engine.step(): ...                           # RequestOutput per request with news
+
+One `step()`: aborted requests are let go; waiting requests are admitted first come, first served
+while a slot (a row of the model's max_batch_size) and KV blocks for prompt + max_tokens are free
+(blocks are reserved up front, so a running request never runs out of them and nothing is ever
+preempted; a request that does not fit waits, and every later one waits behind it); then one
+prefill chunk of the oldest admitted group (chunked prefill, prefix caching: the model's options),
+and one decode cycle of every running request. A request joins the running batch when its prefill
+is done and leaves it when it stops (eos, a stop token or string, max_tokens, abort); its blocks
+go back at once (its full blocks into the prefix cache when caching). Each request keeps its slot
+for life: its row of the engine's device buffers (pending token, committed length, the draft's last
+outputs, block table) and of a KV-sharing draft's ring.
+
+Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among
+`ks` (0 included) for the speculating requests from measured cycle costs and their recent
+acceptance; a request whose acceptance collapses (a rolling window below `collapse_threshold`)
+runs without speculation (a warning once, a metric), and is probed again `probe_after` tokens
+later. A request decoded at k = 0 leaves the draft behind: the base features of the tokens it
+commits are kept (a ring of `resume_window` per slot) and the draft catches up in one prefill-like
+call before the request speculates again; past the ring, that request stays at k = 0.
+
+Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
+of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+
+import torch
+
+from eagle_fx.runtime.kv_cache import PoolExhausted, WaveBlocks
+from eagle_fx.runtime.prefill import prefill_chunks
+from eagle_fx.runtime.sampling import RowSampler, Sampler
+from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, enter_draft
+from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
+from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, StepCosts, choose_k
+from eagle_fx.serving.draft_catch_up import catch_up_draft
+from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState
+
+log = logging.getLogger("eagle_fx.serving")
+OFF_REASONS = ("cost", "acceptance_collapse")
+
+
+class Engine:
+    def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
+                 collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
+                 resume_window: int = 128, measure: bool = True):
+        if model.tree is not None:
+            raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
+        if model.spec.vision_language:
+            raise ValueError("the serving engine takes token prompts; a vision-language pair runs with generate()")
+        k_max = model.num_spec_tokens
+        if speculation == "adaptive":
+            if model.static_steps:
+                raise ValueError("adaptive speculation changes k per cycle; static steps fix it (backend='triton'): "
+                                 "pass speculation=k")
+            if model.options.prefill_shift:
+                raise ValueError("adaptive speculation needs the unshifted draft prefill (prefill_shift=False, the "
+                                 "default): the draft catches up after k = 0 cycles with it")
+            ks = sorted(set(ks if ks is not None else range(k_max + 1)))
+            if not ks or ks[0] < 0 or ks[-1] > k_max:
+                raise ValueError(f"ks must be ks within 0..{k_max} (the model's num_spec_tokens), got {ks!r}")
+            if 0 not in ks:
+                ks = [0] + ks
+        elif isinstance(speculation, int) and not isinstance(speculation, bool) and 0 <= speculation <= k_max:
+            ks = [speculation]
+        else:
+            raise ValueError(f"speculation must be 'adaptive' or an int k in 0..{k_max} (the model's num_spec_tokens), "
+                             f"got {speculation!r}")
+        if not model.speculates:
+            ks = [0]
+        self.model, self.tokenizer, self.ks = model, tokenizer, ks
+        self.adaptive = len(ks) > 1
+        self.cycles = {k: model.chain_cycle_for(k) for k in ks}
+        self.kv, self.executor, self.device = model.kv_cache, model.executor, model.device
+        self.collapse_window, self.collapse_threshold, self.probe_after = collapse_window, collapse_threshold, probe_after
+        self.resume_window = resume_window
+        slots, spec, long = model.options.max_batch_size, model.spec, dict(dtype=torch.long, device=model.device)
+        draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
+        draft_hidden = spec.draft_hidden_size if model.speculates else 0
+        draft_vocab = draft_vocab if model.speculates else 0
+        # per slot, on the device: what the next cycle of that slot's request reads
+        self.pending = torch.zeros(slots, **long)
+        self.committed = torch.zeros(slots, **long)
+        self.draft_logits = torch.zeros(slots, draft_vocab, device=model.device, dtype=model.dtype)
+        self.draft_hidden = torch.zeros(slots, draft_hidden, device=model.device, dtype=model.dtype)
+        self.tables = torch.zeros(slots, self.kv.blocks_per_seq, **long)
+        self.features = torch.zeros(slots, resume_window, spec.feature_dim, device=model.device, dtype=model.dtype) \
+            if self.adaptive else None  # base features of tokens committed at k = 0 (the draft's catch-up)
+        self.free_slots = list(range(slots - 1, -1, -1))
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[tuple] = []  # (requests, chunk generator, wave, call) in order of admission
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.aborted: list[Request] = []
+        self.stats = SpecDecodeStats(max(k_max, 1))
+        self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
+        self.costs = StepCosts()
+        self.current_k = ks[-1]
+        self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
+        self.off_events = dict.fromkeys(OFF_REASONS, 0)
+        self.prompt_tokens = self.generation_tokens = 0
+        self._ids = itertools.count()
+        self._warned_collapse = False
+        if self.adaptive and measure:
+            self.measure_costs()
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queue a request (token ids); returns its id. Bad input is a ValueError, before anything runs."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        options = self.model.options
+        try:
+            prompt = check_prompts([prompt], params.max_tokens, self.model.vocab_size, options.max_seq_len)[0]
+        except TypeError as e:
+            raise ValueError(str(e).replace("prompts must be", "a prompt must be")) from None
+        need = self.kv.allocator.blocks_for(len(prompt) + params.max_tokens + self.model.lookahead)
+        if need > self.kv.num_blocks:
+            raise ValueError(f"the request needs {need} KV blocks, the pool has {self.kv.num_blocks}: shorten the prompt "
+                             "or max_tokens")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the engine's tokenizer (Engine(model, tokenizer))")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is in use")
+        eos = set() if params.ignore_eos else set(params.eos_token_id if params.eos_token_id is not None
+                                                  else self.model.spec.eos)
+        request = Request(request_id, prompt, params, frozenset(eos | set(params.stop_token_ids)), next(self._ids))
+        if not params.greedy:
+            request.generator = torch.Generator(device=self.device).manual_seed(
+                params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        if self.tokenizer is not None:
+            request.text = TextState(self.tokenizer, params.stop)
+        self.requests[request_id] = request
+        self.waiting.append(request)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now: its blocks and slot are freed (a request mid-prefill: when its group's
+        prefill ends); step() then returns its last output (finish_reason "abort"). False if unknown."""
+        request = self.requests.get(request_id)
+        if request is None or request.finish_reason is not None:
+            return False
+        request.finish_reason = "abort"
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+            self._release(request, cache=False)
+        self.aborted.append(request)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running or self.aborted)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + sum(len(group[0]) for group in self.prefilling)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # ------------------------------------------------------------------ one step
+    @torch.no_grad()
+    def step(self) -> list[RequestOutput]:
+        outputs = [self._output(r, []) for r in self.aborted]
+        for r in self.aborted:
+            self._forget(r)
+        self.aborted = []
+        self._admit()
+        if self.prefilling:
+            self._prefill_chunk(outputs)
+        if self.running:
+            self._decode(outputs)
+        return outputs
+
+    def _admit(self) -> None:
+        options, group = self.model.options, []
+        while self.waiting and self.free_slots:
+            request = self.waiting[0]
+            try:
+                request.blocks = self.kv.admit([request.prompt], [len(request.prompt)], request.params.max_tokens,
+                                               self.model.lookahead, options.prefix_caching, options.prefill_shift)
+            except PoolExhausted:
+                break  # first come, first served: it waits for blocks, and the rest behind it
+            self.waiting.popleft()
+            request.slot = self.free_slots.pop()
+            request.cached = request.blocks.cached_tokens[0]
+            self.tables[request.slot] = request.blocks.block_table[0]
+            group.append(request)
+        if not group:
+            return
+        hits = sum(r.cached for r in group)
+        self.stats.prefix_hit_tokens_base += hits
+        self.stats.prefix_hit_tokens_draft += hits
+        self.stats.prefill_tokens_computed_base += sum(len(r.prompt) for r in group) - hits
+        self.prompt_tokens += sum(len(r.prompt) for r in group)
+        long = dict(dtype=torch.long, device=self.device)
+        blocks = WaveBlocks([r.blocks.rows[0] for r in group], [r.cached for r in group],
+                            torch.cat([r.blocks.block_table for r in group]))
+        prompts = [r.prompt for r in group]
+        wave = Wave(prompts, prompts, prompts, None, blocks, spec_rows=torch.tensor([r.slot for r in group], **long))
+        call = GenerateCall(self._sampler(group), self.stats, Profiler(self.stats, False, self.device), set(), 1)
+        carry = self.kv.carry_features(blocks, self.model.bootstrap)
+        self.prefilling.append((group, prefill_chunks(self.model, call, wave, carry), wave, call))
+
+    def _prefill_chunk(self, outputs) -> None:
+        group, chunks, wave, call = self.prefilling[0]
+        try:
+            next(chunks)
+            return
+        except StopIteration as done:
+            first = done.value
+        self.prefilling.pop(0)
+        long = dict(dtype=torch.long, device=self.device)
+        joining = []
+        for i, (request, token) in enumerate(zip(group, first.pending.tolist())):
+            if request.finish_reason == "abort":  # aborted mid-prefill: let go now
+                self._release(request, cache=False)
+                continue
+            request.committed = len(request.prompt)
+            if self._emit(request, [token], outputs):
+                self._finish(request, final=len(request.prompt))
+            else:
+                joining.append(i)
+        if not joining:
+            return
+        rows = torch.tensor(joining, **long)
+        joined = [group[i] for i in joining]
+        slots = torch.tensor([r.slot for r in joined], **long)
+        committed = torch.tensor([len(r.prompt) for r in joined], **long)
+        pending = first.pending[rows]
+        table = self._table(slots, max(len(r.prompt) for r in joined))
+        draft_logits, draft_hidden = enter_draft(self.model, None, None, first, rows, pending, committed, table, slots)
+        self.pending[slots], self.committed[slots] = pending, committed
+        if self.model.speculates:
+            self.draft_logits[slots], self.draft_hidden[slots] = draft_logits, draft_hidden
+        for r in joined:
+            r.draft_upto = r.committed  # the draft has seen every committed token and the pending one
+            r.speculating, r.off_reason = True, None
+            r.watch = CollapseWatch(self.collapse_window, self.collapse_threshold)
+            r.acceptance = Acceptance(self.acceptance.num_positions)
+            self.running.append(r)
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, outputs) -> None:
+        for r in self.running:  # a collapsed request's probe: speculate again
+            if not r.speculating and r.off_reason == "acceptance_collapse" and len(r.output) >= r.probe_at:
+                r.speculating, r.off_reason = True, None
+                r.watch.clear()
+        spec = [r for r in self.running if r.speculating and self._can_speculate(r)]
+        off = [r for r in self.running if not (r.speculating and self._can_speculate(r))]
+        k = self.pick_k(spec, off) if self.adaptive and spec else self.ks[0]
+        if k == 0 and self.current_k > 0 and spec:
+            self.off_events["cost"] += 1
+        self.current_k = k
+        groups = [(k, spec), (0, off)] if k > 0 else [(0, spec + off)]
+        for k, group in groups:
+            if group:
+                if k > 0:
+                    behind = [r for r in group if r.draft_upto < r.committed]
+                    if behind:
+                        self._catch_up(behind)
+                self._cycle(k, group, outputs)
+
+    def pick_k(self, spec: list[Request], off: list[Request]) -> int:
+        """The k of this step's cycle of the speculating requests `spec` (`off`: those at k = 0):
+        the fastest by measured costs and recent acceptance (eagle_fx.serving.adaptive)."""
+        prior = self.acceptance.rates()
+        rates = [r.acceptance.rates(prior) for r in spec]
+        return choose_k(self.ks, self.costs, rates, len(off), self.current_k)
+
+    def _can_speculate(self, request) -> bool:
+        """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
+        return request.committed - request.draft_upto < self.resume_window
+
+    def _cycle(self, k: int, group: list[Request], outputs) -> None:
+        long = dict(dtype=torch.long, device=self.device)
+        slots = torch.tensor([r.slot for r in group], **long)
+        committed = self.committed[slots]
+        table = self._table(slots, max(r.committed for r in group))
+        started = time.perf_counter()
+        accepted_t, next_t, drafts, draft_logits, draft_hidden, features = self.cycles[k](
+            self.executor, self._sampler(group), self.pending[slots], committed, table, slots,
+            self.draft_logits[slots], self.draft_hidden[slots])
+        size = len(group)
+        host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
+        self.costs.observe(k, size, time.perf_counter() - started)
+        accepted, next_token = host[:size], host[size:2 * size]
+        self.pending[slots], self.committed[slots] = next_t, committed + accepted_t + 1
+        if k > 0:
+            self.draft_logits[slots], self.draft_hidden[slots] = draft_logits, draft_hidden
+        elif self.adaptive:  # f_m of each request's committed position m, for the draft's catch-up
+            self.features[slots, committed % self.resume_window] = features[:, 0]
+        if self.model.options.prefix_caching:  # features of [pending, accepted...] (past them: overwritten later)
+            path_positions = committed[:, None] + torch.arange(k + 1, **long)[None]
+            self.kv.keep_block_features(table, torch.repeat_interleave(torch.arange(size, **long), k + 1),
+                                        path_positions.reshape(-1), features.reshape(size * (k + 1), -1))
+        for row, r in enumerate(group):
+            a = accepted[row]
+            new = host[2 * size + row * k:2 * size + row * k + a] + [next_token[row]]
+            before = r.committed
+            r.committed += a + 1
+            if k > 0:
+                r.draft_upto = r.committed
+                self._record(r, k, a)
+            if self._emit(r, new, outputs):
+                final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
+                self.running.remove(r)
+                self._finish(r, final=final)
+
+    def _record(self, r: Request, k: int, a: int) -> None:
+        st = self.stats
+        st.num_drafts += 1
+        st.num_draft_tokens += k
+        st.num_accepted_tokens += a
+        for j in range(a):
+            st.accepted_per_pos[j] += 1
+        r.acceptance.record(k, a)
+        self.acceptance.record(k, a)
+        if r.watch.record(a, k) and self.adaptive:
+            r.speculating, r.off_reason, r.probe_at = False, "acceptance_collapse", len(r.output) + self.probe_after
+            self.off_events["acceptance_collapse"] += 1
+            if not self._warned_collapse:
+                self._warned_collapse = True
+                log.warning("eagle_fx serving: request %s: draft acceptance below %.0f%% over its last %d cycles; "
+                            "speculation off for it (probed again after %d tokens). A draft trained for another base, "
+                            "or text unlike its training data, does this (metric speculation_off_events_total).",
+                            r.request_id, 100 * self.collapse_threshold, self.collapse_window, self.probe_after)
+
+    def _catch_up(self, group: list[Request]) -> None:
+        slots = [r.slot for r in group]
+        draft_logits, draft_hidden = catch_up_draft(self.model, group, self.features, slots, self.tables,
+                                                    self.resume_window)
+        long = dict(dtype=torch.long, device=self.device)
+        rows = torch.tensor(slots, **long)
+        self.draft_logits[rows], self.draft_hidden[rows] = draft_logits, draft_hidden
+        for r in group:
+            r.draft_upto = r.committed
+
+    # ------------------------------------------------------------------ helpers
+    def _table(self, slots: torch.Tensor, longest: int) -> torch.Tensor:
+        """The slots' block tables, as wide as `longest` committed tokens + one cycle need (at least 2)."""
+        width = max(self.kv.table_width(longest + self.model.lookahead + self.model.draft_offset), 2)
+        width = min(width, self.kv.blocks_per_seq) if self.kv.blocks_per_seq >= 2 else width
+        return self.tables[slots, :width].contiguous()
+
+    def _sampler(self, group: list[Request]):
+        if all(r.params.greedy for r in group):
+            return Sampler()
+        return RowSampler([r.params.temperature for r in group], [max(r.params.top_k, 0) for r in group],
+                          [r.params.top_p for r in group], [r.generator for r in group])
+
+    def _emit(self, r: Request, new: list[int], outputs) -> bool:
+        """Append tokens up to a stop; one RequestOutput; True when the request is finished."""
+        added = []
+        for t in new:
+            added.append(t)
+            r.output.append(t)
+            if t in r.eos:
+                r.finish_reason = "stop"
+                break
+            if len(r.output) >= r.params.max_tokens:
+                r.finish_reason = "length"
+                break
+        self.generation_tokens += len(added)
+        if r.text is not None:
+            r.text.update(r.output, r.finish_reason is not None)
+            if r.text.stopped:
+                r.finish_reason = "stop"
+        outputs.append(self._output(r, added))
+        return r.finish_reason is not None
+
+    def _output(self, r: Request, added: list[int]) -> RequestOutput:
+        finished = r.finish_reason is not None
+        delta = None
+        if r.text is not None:
+            delta = r.text.take_delta()
+        return RequestOutput(r.request_id, added, list(r.output), finished, r.finish_reason,
+                             r.text.text if r.text is not None else None, delta, len(r.prompt), getattr(r, "cached", 0))
+
+    def _finish(self, r: Request, final: int) -> None:
+        if self.model.options.prefix_caching:
+            self.kv.cache_finished([r.prompt], [r.output], r.blocks, [final], self.model.options.prefill_shift)
+        self._release(r, cache=True)
+        self._forget(r)
+
+    def _release(self, r: Request, cache: bool) -> None:
+        if getattr(r, "blocks", None) is not None:
+            self.kv.release(r.blocks)
+            r.blocks = None
+        if getattr(r, "slot", None) is not None:
+            self.free_slots.append(r.slot)
+            r.slot = None
+
+    def _forget(self, r: Request) -> None:
+        self.finished_by_reason[r.finish_reason] += 1
+        self.requests.pop(r.request_id, None)
+
+    # ------------------------------------------------------------------ costs and metrics
+    def measure_costs(self, batch_sizes=None, repeats: int = 3) -> dict:
+        from eagle_fx.serving.cost_probe import measure_cycle_costs
+
+        return measure_cycle_costs(self, batch_sizes, repeats)
+
+    def metrics(self) -> dict:
+        st = self.stats
+        off = dict.fromkeys(OFF_REASONS, 0)
+        for r in self.running:
+            if not (r.speculating and self._can_speculate(r)):
+                off[r.off_reason or "cost"] += 1
+            elif self.current_k == 0:
+                off["cost"] += 1
+        allocator = self.kv.allocator
+        return dict(
+            num_requests_running=self.num_running, num_requests_waiting=self.num_waiting,
+            kv_blocks_used=allocator.num_blocks - allocator.num_free, kv_blocks_total=allocator.num_blocks,
+            spec_decode_num_drafts=st.num_drafts, spec_decode_num_draft_tokens=st.num_draft_tokens,
+            spec_decode_num_accepted_tokens=st.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(st.accepted_per_pos),
+            prompt_tokens_total=self.prompt_tokens, generation_tokens_total=self.generation_tokens,
+            request_success_total=dict(self.finished_by_reason), speculation_off=off,
+            speculation_off_events_total=dict(self.off_events), num_preemptions_total=0,
+            prefix_cache_hit_tokens_total=st.prefix_hit_tokens_base, num_spec_tokens_current=self.current_k)

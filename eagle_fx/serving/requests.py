@@ -1,0 +1,161 @@
+"""One request of the serving engine: its sampling settings, its stopping rules, its output so far.
+
+`SamplingParams` is validated when a request is added (a bad value is a ValueError naming it, never
+an error inside a running batch). `RequestOutput` is what `Engine.step()` returns for each request
+that got tokens or finished in that step. Text (when the engine has a tokenizer): `text` is the
+whole output decoded, cut before a stop string; `delta` the part of it not given out before and
+safe to stream (text that could still become a stop string, or an unfinished multi-byte
+character, is held back until it is decided).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def _number(name: str, value, low: float, high: float, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < low or value > high or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request settings. temperature 0: greedy (HF's greedy decode, token for token, in fp32);
+    top_k 0 or -1: off; top_p 1: off. eos_token_id None: the model's generation_config eos;
+    ignore_eos: never stop at an eos. stop: strings that end the output (cut before them; needs the
+    engine's tokenizer); stop_token_ids: extra ids that end it (kept in the output, as eos is).
+    seed: this request's own generator (reproducible whatever it is batched with)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: tuple[int, ...] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        _int("max_tokens", self.max_tokens, 1)
+        _number("temperature", self.temperature, 0.0, 100.0)
+        _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 and -1: off), got {self.top_k!r}")
+        if self.seed is not None:
+            _int("seed", self.seed, 0)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("stop_token_ids", "eos_token_id"):
+            ids = getattr(self, name)
+            if ids is None:
+                continue
+            ids = (ids,) if isinstance(ids, int) and not isinstance(ids, bool) else ids
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                           for t in ids):
+                raise ValueError(f"{name} must be a token id or a list of token ids, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class RequestOutput:
+    """A request's progress after one engine step."""
+
+    request_id: str
+    new_token_ids: list[int]  # tokens this step added
+    token_ids: list[int]  # every output token so far
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (eos, stop token or string), "length", "abort"
+    text: str | None = None  # the output decoded (cut before a stop string); None without a tokenizer
+    delta: str | None = None  # text not returned before and safe to stream
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass
+class TextState:
+    """Detokenisation of one request's output, with stop strings (the engine's tokenizer)."""
+
+    tokenizer: object
+    stop: tuple[str, ...]
+    sent: int = 0  # characters of `text` given out as deltas
+    text: str = ""
+    stopped: bool = False  # a stop string was found: text is final
+
+    ready: int = 0  # characters of `text` decided (safe to give out)
+
+    def update(self, token_ids: list[int], finished: bool) -> None:
+        """Decode the output so far and cut it before the first stop string (then `stopped`)."""
+        if self.stopped:
+            return
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        hold = 0
+        for s in self.stop:
+            at = text.find(s)
+            if at >= 0:
+                text, self.stopped = text[:at], True
+        if not self.stopped and not finished:
+            if text.endswith("\ufffd"):  # an unfinished multi-byte character
+                hold = 1
+            for s in self.stop:  # a tail that may still grow into a stop string
+                for n in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:n]):
+                        hold = max(hold, n)
+                        break
+        self.text = text
+        self.ready = max(self.sent, len(text) - hold)
+
+    def take_delta(self) -> str:
+        """The decided text not given out before."""
+        delta = self.text[self.sent:self.ready]
+        self.sent = self.ready
+        return delta
+
+
+@dataclass
+class Request:
+    """The engine's record of one request (engine-internal)."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    eos: frozenset[int]
+    arrival: int  # order of arrival: first come, first served
+    output: list[int] = field(default_factory=list)
+    text: TextState | None = None
+    finish_reason: str | None = None
+    generator: object = None  # a torch.Generator when sampling
+    # the engine's bookkeeping once admitted
+    slot: int | None = None  # its row of the engine's buffers, for life
+    blocks: object = None  # its WaveBlocks (one row)
+    cached: int = 0  # prompt tokens from the prefix cache
+    committed: int = 0  # tokens in the base KV (the last output token is pending)
+    draft_upto: int = 0  # the draft has processed slots <= this (== committed when in step)
+    speculating: bool = True
+    off_reason: str | None = None
+    probe_at: int = 0  # output length at which a collapsed request speculates again
+    watch: object = None  # its CollapseWatch
+    acceptance: object = None  # its adaptive.Acceptance
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.output
