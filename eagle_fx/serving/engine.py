@@ -122,8 +122,9 @@ class Engine:
         options = self.model.options
         try:
             prompt = check_prompts([prompt], params.max_tokens, self.model.vocab_size, options.max_seq_len)[0]
-        except TypeError as e:
-            raise ValueError(str(e).replace("prompts must be", "a prompt must be")) from None
+        except (TypeError, ValueError) as e:  # worded for generate's list of prompts: say it of this one
+            message = str(e).replace("prompts must be", "a prompt must be").replace("prompt 0", "the prompt")
+            raise ValueError(message.replace("max_new_tokens", "max_tokens")) from None
         need = self.kv.allocator.blocks_for(len(prompt) + params.max_tokens + self.model.lookahead)
         if need > self.kv.num_blocks:
             raise ValueError(f"the request needs {need} KV blocks, the pool has {self.kv.num_blocks}: shorten the prompt "

@@ -1,0 +1,197 @@
+"""The serving engine against HF greedy: requests joining and leaving a running batch, chunked
+prefill and prefix caching, k changing between cycles (the draft's catch-up after k = 0),
+acceptance collapse, aborts, a full pool, per-request sampling and stopping rules."""
+import logging
+
+import pytest
+import torch
+
+import eagle_fx
+from eagle_fx.bundled import load_pair, pair_dirs
+from eagle_fx.drafts import new_draft
+from eagle_fx.serving import Engine, SamplingParams
+
+TEXTS = ["Hello, how are you?", "Write a poem about the sea", "What is the capital of France? Explain in detail.",
+         "hi", "Tell me about python programming language and why people like it so much",
+         "Why is the sky blue? I asked my teacher and she said it is because of the way sunlight is scattered by the "
+         "air, but I did not understand what that means. Can you explain it step by step, simply?"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok, base, draft = load_pair(*pair_dirs())
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    return tok, base, draft, prompts
+
+
+def hf_greedy(base, prompt, n):
+    out = base.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def model(pair):
+    tok, base, draft, _ = pair
+    return eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=256,
+                            prefill_chunk_size=8, prefix_caching=True)
+
+
+def run(engine, schedule, until_done=True):
+    """schedule: {step index: [(prompt, params), ...]} added before that step. Returns outputs by id
+    (the finished RequestOutput) and the ids in order of adding."""
+    finished, ids, step = {}, [], 0
+    while step <= max(schedule) or engine.has_unfinished():
+        for prompt, params in schedule.get(step, []):
+            ids.append(engine.add_request(prompt, params))
+        for out in engine.step():
+            assert out.request_id not in finished, "a request finished twice"
+            if out.finished:
+                finished[out.request_id] = out
+        step += 1
+        assert step < 2000
+    return finished, ids
+
+
+class Scripted(Engine):
+    """k per step from a script (cycling): the catch-up path runs at known points."""
+
+    script = (0, 0, 3, 0, 2, 0, 0, 0, 1, 3)
+
+    def pick_k(self, spec, off):
+        self._calls = getattr(self, "_calls", -1) + 1
+        return self.script[self._calls % len(self.script)]
+
+
+@pytest.mark.parametrize("engine_kind", ["fixed3", "scripted", "adaptive"])
+def test_greedy_requests_joining_a_running_batch_equal_hf_greedy(pair, model, engine_kind):
+    tok, base, _, prompts = pair
+    n = 24
+    engine = {"fixed3": lambda: Engine(model, tok, speculation=3),
+              "scripted": lambda: Scripted(model, tok, measure=False),
+              "adaptive": lambda: Engine(model, tok, speculation="adaptive")}[engine_kind]()
+    if engine_kind == "scripted":
+        engine.costs.observe(0, 1, 1.0)
+    # six requests, four slots: two wait; two more arrive mid-run, one of them a repeat (a prefix hit)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (n, 7, n, 13, n, 3)]
+    assert len(prompts[5]) > 2 * model.options.block_size
+    # (the last prompt, long, finishes first: its repeat finds its blocks)
+    schedule = {0: list(zip(prompts, params)), 5: [(prompts[4], SamplingParams(max_tokens=n, ignore_eos=True))],
+                30: [(prompts[5], SamplingParams(max_tokens=n, ignore_eos=True))]}
+    finished, ids = run(engine, schedule)
+    wanted = [p.max_tokens for p in params] + [n, n]
+    everything = prompts + [prompts[4], prompts[5]]
+    for rid, prompt, m in zip(ids, everything, wanted):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, m), rid
+        assert finished[rid].finish_reason == "length"
+    metrics = engine.metrics()
+    assert metrics["kv_blocks_used"] == 0 and metrics["num_requests_running"] == 0
+    assert metrics["generation_tokens_total"] == sum(wanted)
+    assert metrics["prefix_cache_hit_tokens_total"] > 0  # the repeated prompts came after their first ones finished
+    if engine_kind != "adaptive":
+        assert metrics["spec_decode_num_drafts"] > 0
+    assert sorted(engine.free_slots) == [0, 1, 2, 3]
+
+
+def test_collapsed_acceptance_turns_speculation_off_and_output_stays_exact(pair, caplog):
+    tok, base, _, prompts = pair
+    torch.manual_seed(0)
+    wrong_draft = new_draft(base, "eagle")  # untrained: its guesses are nearly never the base's
+    model = eagle_fx.compile(base, wrong_draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=256)
+    engine = Scripted(model, tok, collapse_window=4, probe_after=10, measure=False)
+    engine.script = (3,)  # always speculate, unless collapsed
+    with caplog.at_level(logging.WARNING, logger="eagle_fx.serving"):
+        finished, ids = run(engine, {0: [(p, SamplingParams(max_tokens=40, ignore_eos=True)) for p in prompts[:2]]})
+    metrics = engine.metrics()
+    assert metrics["speculation_off_events_total"]["acceptance_collapse"] >= 2
+    assert sum("speculation off" in r.message for r in caplog.records) == 1  # warned once
+    assert metrics["spec_decode_num_drafts"] < 2 * 40  # cycles without drafts ran
+    for rid, prompt in zip(ids, prompts[:2]):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, 40)
+
+
+def test_abort_frees_blocks_and_slots_at_once(pair, model):
+    tok, base, _, prompts = pair
+    engine = Engine(model, tok, speculation=3)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]  # 4 run, 2 wait
+    for _ in range(4):
+        engine.step()
+    used = engine.metrics()["kv_blocks_used"]
+    assert engine.abort(ids[0]) and engine.abort(ids[5])  # a running one and a waiting one
+    assert not engine.abort(ids[0]) and not engine.abort("nope")
+    assert engine.metrics()["kv_blocks_used"] < used
+    finished, _ = run(engine, {0: []})
+    assert finished[ids[0]].finish_reason == "abort" and finished[ids[5]].finish_reason == "abort"
+    assert finished[ids[5]].token_ids == []
+    for rid, prompt in zip(ids[1:5], prompts[1:5]):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, 30)
+    assert engine.metrics()["kv_blocks_used"] == 0 and engine.metrics()["request_success_total"]["abort"] == 2
+
+
+def test_a_full_pool_makes_requests_wait_first_come_first_served(pair):
+    tok, base, draft, prompts = pair
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=128,
+                             num_blocks=5)
+    engine = Engine(model, tok, speculation=3)
+    with pytest.raises(ValueError, match="KV blocks"):
+        engine.add_request(prompts[4], SamplingParams(max_tokens=60))
+    params = SamplingParams(max_tokens=20, ignore_eos=True)  # 2 blocks each (with the lookahead): 2 fit at a time
+    ids = [engine.add_request(p, params) for p in prompts[:4]]
+    engine.step()
+    assert engine.num_waiting == 2 and engine.num_running == 2
+    order = []
+    while engine.has_unfinished():
+        order += [o.request_id for o in engine.step() if o.finished]
+    assert set(order) == set(ids)
+    assert engine.metrics()["kv_blocks_used"] == 0
+
+
+def test_per_request_sampling_settings_seeds_and_stops(pair, model):
+    tok, base, _, prompts = pair
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    hot = SamplingParams(max_tokens=16, temperature=0.9, top_k=20, top_p=0.9, seed=7, ignore_eos=True)
+    alone = run(Engine(model, tok, speculation=3), {0: [(prompts[1], hot)]})
+    mixed = run(Engine(model, tok, speculation=3), {0: [(prompts[0], greedy), (prompts[1], hot), (prompts[2], hot)]})
+    assert mixed[0][mixed[1][1]].token_ids == alone[0][alone[1][0]].token_ids  # same seed, other company: same draw
+    assert mixed[0][mixed[1][0]].token_ids == hf_greedy(base, prompts[0], 16)  # greedy beside sampling rows
+    reference = hf_greedy(base, prompts[3], 16)
+    stop_id = reference[5]
+    out = run(Engine(model, tok, speculation=3), {0: [(prompts[3], SamplingParams(max_tokens=16, stop_token_ids=[stop_id],
+                                                                                ignore_eos=True))]})
+    tokens = out[0][out[1][0]].token_ids
+    assert tokens == reference[:reference.index(stop_id) + 1] and out[0][out[1][0]].finish_reason == "stop"
+    full_text = tok.decode(reference, skip_special_tokens=True)
+    stop = full_text[len(full_text) // 2:len(full_text) // 2 + 3]
+    out = run(Engine(model, tok, speculation=3), {0: [(prompts[3], SamplingParams(max_tokens=16, stop=[stop],
+                                                                                ignore_eos=True))]})
+    result = out[0][out[1][0]]
+    assert result.finish_reason == "stop" and result.text == full_text[:full_text.index(stop)]
+
+
+def test_streamed_deltas_add_up_to_the_text_and_hold_back_a_partial_stop(pair, model):
+    tok, base, _, prompts = pair
+    reference = tok.decode(hf_greedy(base, prompts[2], 20), skip_special_tokens=True)
+    stop = reference[-4:-1]
+    engine = Engine(model, tok, speculation=3)
+    rid = engine.add_request(prompts[2], SamplingParams(max_tokens=20, stop=[stop], ignore_eos=True))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += [o.delta for o in engine.step() if o.request_id == rid]
+    assert "".join(deltas) == reference[:reference.index(stop)]
+
+
+def test_bad_requests_are_value_errors_before_anything_runs(pair, model):
+    tok, _, _, prompts = pair
+    engine = Engine(model, None, speculation=3)
+    for bad, match in [(([], None), "empty"), (([10**6], None), "outside the vocab"),
+                       ((prompts[0], SamplingParams(max_tokens=300)), "max_seq_len"),
+                       ((prompts[0], SamplingParams(stop=["x"])), "tokenizer")]:
+        with pytest.raises(ValueError, match=match):
+            engine.add_request(*bad)
+    for field, value in [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -2), ("stop", [""]),
+                         ("seed", "a")]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**{field: value})
+    with pytest.raises(ValueError, match="speculation"):
+        Engine(model, speculation=5)
+    assert not engine.has_unfinished()
