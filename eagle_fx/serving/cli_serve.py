@@ -1,0 +1,84 @@
+"""`eagle-fx serve`: an OpenAI-compatible HTTP server over the pair (default: the bundled tiny pair).
+
+`add_args(parser)` adds the flags to the subcommand's parser, `run(args)` checks them, loads and
+compiles the pair, and serves it (eagle_fx.serving.server.serve) until interrupted, printing one
+line to stderr once uvicorn listens.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from eagle_fx.bundled import BUNDLED, check_pair_dirs, load_pair, pair_dirs
+
+DESCRIPTION = ("Serve the pair (default: the bundled tiny pair) over HTTP with OpenAI's API: /v1/completions, "
+               "/v1/chat/completions (stream or not), /v1/models, /health and /metrics (Prometheus, vLLM's "
+               "spec-decode names under eagle_fx:). Requests are batched continuously by the serving engine.")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", help="HF base model folder with its tokenizer (default: the bundled base)")
+    parser.add_argument("--eagle-dir", help="EAGLE draft folder (default: the bundled draft for --method)")
+    parser.add_argument("--method", choices=["eagle", "eagle3"], default="eagle", help="the draft's kind")
+    parser.add_argument("--backend", choices=["eager", "inductor"], default="inductor",
+                        help="inductor compiles each cycle into one graph (faster decoding, about a minute to "
+                             "compile); eager starts in seconds")
+    parser.add_argument("--num-spec-tokens", type=int, default=3,
+                        help="k, draft tokens per step at most (0: no speculation)")
+    parser.add_argument("--speculation", choices=["adaptive", "fixed"], default="adaptive",
+                        help="adaptive: the engine moves k in [0, --num-spec-tokens] with the batch and the "
+                             "acceptance; fixed: always --num-spec-tokens")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together at most")
+    parser.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request at most")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of a shared prompt prefix across requests")
+    parser.add_argument("--prefill-chunk-size", type=int, default=256,
+                        help="prompt tokens per prefill chunk (long prompts are prefilled in chunks)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients pass and /v1/models lists (default: the base folder's name)")
+    parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info",
+                        help="uvicorn's log level (info logs each request)")
+
+
+def check_args(args) -> None:
+    """A SystemExit naming the bad flag, before any loading."""
+    if args.num_spec_tokens < 0:
+        raise SystemExit("eagle-fx serve: --num-spec-tokens must be >= 0")
+    if args.max_batch_size < 1 or args.max_seq_len < 2 or args.prefill_chunk_size < 1:
+        raise SystemExit("eagle-fx serve: --max-batch-size and --prefill-chunk-size must be >= 1, --max-seq-len >= 2")
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"eagle-fx serve: --port {args.port}: not a port (0 to 65535)")
+
+
+def speculation_setting(args):
+    """What Engine(speculation=...) takes: "adaptive", or the fixed k."""
+    if args.speculation == "fixed" or args.num_spec_tokens == 0:
+        return args.num_spec_tokens
+    return "adaptive"
+
+
+def run(args) -> None:
+    check_args(args)
+    dirs = pair_dirs(args.model_dir, args.eagle_dir, args.method)
+    check_pair_dirs(*dirs)
+    import eagle_fx
+    from eagle_fx.serving.server import serve
+
+    model_name = args.served_model_name or (BUNDLED.name if args.model_dir is None else dirs[0].resolve().name)
+    print(f"eagle-fx serve: loading {dirs[0]} + {dirs[1]}, compiling with backend {args.backend} ...", file=sys.stderr)
+    tok, base, draft = load_pair(*dirs)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=args.backend,
+                             max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+                             prefill_chunk_size=args.prefill_chunk_size, prefix_caching=args.prefix_caching)
+    speculation = speculation_setting(args)
+
+    def ready(host: str, port: int) -> None:
+        spec = f"speculation {speculation}" + (f", k <= {args.num_spec_tokens}" if speculation == "adaptive" else "")
+        print(f"eagle-fx serve: ready on http://{host}:{port} (model {model_name}, backend {args.backend}, {spec}, "
+              f"max batch {args.max_batch_size}, max seq len {args.max_seq_len}, prefix caching "
+              f"{'on' if args.prefix_caching else 'off'})", file=sys.stderr, flush=True)
+
+    serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
+          log_level=args.log_level, on_ready=ready)

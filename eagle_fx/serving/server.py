@@ -1,0 +1,225 @@
+"""The OpenAI-compatible HTTP server over the serving Engine (FastAPI + uvicorn).
+
+`build_app(engine_loop, tokenizer, model_name)` serves /v1/completions and /v1/chat/completions
+(plain JSON, or server-sent events with `stream: true`), /v1/models, /health and /metrics
+(Prometheus text). A bad body is a 400 with OpenAI's error JSON (FastAPI's 422 validation errors
+too); an engine failure is a 500 (a stream ends with an error event and `[DONE]`). A client that
+goes away aborts its request, so the engine frees its KV blocks at once: a stream when Starlette
+cancels its generator, a plain request when the handler sees the disconnect (polled while it waits).
+`serve(model, tokenizer, ...)` builds the Engine, its EngineLoop and the app, and runs uvicorn on
+127.0.0.1 by default.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from eagle_fx.serving import openai_api as api
+from eagle_fx.serving.engine_loop import EngineError, EngineLoop
+from eagle_fx.serving.prometheus import CONTENT_TYPE, render_metrics
+
+log = logging.getLogger("eagle_fx.serving")
+
+DISCONNECT_POLL_S = 0.1  # how often a waiting non-stream request checks that its client is still there
+
+
+def _error(message: str, status: int, param: str | None = None, type: str = "invalid_request_error",  # noqa: A002
+           code: str | None = None) -> JSONResponse:
+    return JSONResponse(api.error_body(message, param, type, code), status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _error(f"invalid request: {first.get('msg', exc)}", 400, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(str(exc.detail), exc.status_code, type=kind)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return _error(f"internal server error: {type(exc).__name__}: {exc}", 500, type="server_error")
+
+
+async def _final_output(stream):
+    final = None
+    async for out in stream:
+        final = out
+    return final
+
+
+async def _wait_unless_disconnected(request: Request, engine_loop: EngineLoop, stream):
+    """The finished RequestOutput, or None when the client went away (the request is then aborted)."""
+    task = asyncio.ensure_future(_final_output(stream))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                log.info("client of %s went away: aborting it", stream.request_id)
+                task.cancel()
+                engine_loop.abort(stream.request_id)
+                return None
+    except asyncio.CancelledError:
+        task.cancel()
+        engine_loop.abort(stream.request_id)
+        raise
+
+
+async def _sse_events(engine_loop: EngineLoop, stream, parsed: api.ParsedRequest, chat: bool, created: int):
+    """The stream's chunks as server-sent events; aborts the request unless it finished."""
+    rid, model = stream.request_id, parsed.model
+    ids_or_none = (lambda ids: list(ids)) if parsed.return_token_ids else (lambda ids: None)
+
+    def chunk(text: str, finish_reason: str | None, token_ids) -> dict:
+        if chat:
+            delta = {"content": text} if text or finish_reason is None else {}
+            return api.chat_chunk(rid, model, created, delta, finish_reason, token_ids, parsed.include_usage)
+        return api.completion_chunk(rid, model, created, text, finish_reason, token_ids, parsed.include_usage)
+
+    finished = False
+    try:
+        if chat:
+            yield api.sse(api.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, None,
+                                         ids_or_none([]), parsed.include_usage))
+        async for out in stream:
+            text = out.delta or ""
+            if out.finished:
+                finished = True
+                yield api.sse(chunk(text, out.finish_reason, ids_or_none(out.new_token_ids)))
+                if parsed.include_usage:
+                    yield api.sse(api.usage_chunk(rid, model, created, chat, out))
+            elif text or (parsed.return_token_ids and out.new_token_ids):
+                yield api.sse(chunk(text, None, ids_or_none(out.new_token_ids)))
+        yield api.SSE_DONE
+    except EngineError as e:
+        finished = True  # the loop already dropped it
+        yield api.sse(api.error_body(str(e), type="server_error"))
+        yield api.SSE_DONE
+    finally:
+        if not finished:
+            engine_loop.abort(rid)
+
+
+def build_app(engine_loop: EngineLoop, tokenizer, model_name: str, max_model_len: int | None = None) -> FastAPI:
+    """The FastAPI app serving `engine_loop` under the name `model_name`."""
+    max_model_len = max_model_len if max_model_len is not None else engine_loop.max_model_len
+    started = int(time.time())
+    app = FastAPI(title="eagle-fx serve", docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
+
+    async def generate(request: Request, chat: bool):
+        created = int(time.time())
+        try:
+            body = api.parse_json_body(await request.body())
+            parse = api.parse_chat if chat else api.parse_completion
+            parsed = parse(body, tokenizer, model_name, max_model_len)
+        except api.RequestError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        try:
+            stream = await engine_loop.submit(parsed.prompt_ids, parsed.params, request_id)
+        except ValueError as e:
+            return _error(str(e), 400)
+        except EngineError as e:
+            return _error(str(e), 503, type="server_error")
+        if parsed.stream:
+            return StreamingResponse(_sse_events(engine_loop, stream, parsed, chat, created),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        try:
+            out = await _wait_unless_disconnected(request, engine_loop, stream)
+        except EngineError as e:
+            return _error(str(e), 500, type="server_error")
+        if out is None:  # the client is gone; nobody reads this
+            return JSONResponse(api.error_body("client disconnected"), status_code=499)
+        respond = api.chat_response if chat else api.completion_response
+        return JSONResponse(respond(request_id, parsed.model, created, out, parsed.return_token_ids))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return api.models_response(model_name, max_model_len, started)
+
+    @app.get("/health")
+    async def health():
+        if not engine_loop.alive:
+            return _error("the engine is not running", 503, type="server_error")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics():
+        snapshot = await asyncio.wrap_future(engine_loop.request_metrics())
+        return PlainTextResponse(render_metrics(snapshot, model_name), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _bound_port(server) -> int:
+    return server.servers[0].sockets[0].getsockname()[1]
+
+
+def start_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                    timeout: float = 30.0):
+    """Run `app` under uvicorn in a daemon thread; (server, thread, port) once it listens (port 0:
+    a free port). Stop it with `server.should_exit = True; thread.join()`."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
+    thread = threading.Thread(target=server.run, name="eagle-fx-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on {host}:{port}")
+        time.sleep(0.02)
+    return server, thread, _bound_port(server)
+
+
+async def _serve_announcing(server, on_ready) -> None:
+    task = asyncio.ensure_future(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started and on_ready is not None:
+        on_ready(server.config.host, _bound_port(server))
+    await task
+
+
+def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
+          speculation="adaptive", log_level: str = "info", on_ready=None) -> None:
+    """Serve `model` (an eagle_fx.compile result) until interrupted. on_ready(host, port) is called
+    once uvicorn listens."""
+    import uvicorn
+
+    from eagle_fx.serving.engine import Engine
+
+    engine = Engine(model, tokenizer=tokenizer, speculation=speculation)
+    options = getattr(model, "options", None)
+    engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None))
+    app = build_app(engine_loop, tokenizer, model_name)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
+    try:
+        asyncio.run(_serve_announcing(server, on_ready))
+    finally:
+        engine_loop.shutdown()

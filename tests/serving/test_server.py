@@ -1,0 +1,387 @@
+"""`eagle-fx serve` end to end: uvicorn on a free loopback port over the real serving Engine (the
+bundled tiny pair, eager backend), driven by the `openai` client and by raw httpx.
+
+Oracle: greedy completions equal Hugging Face's `base.generate(do_sample=False)` on the prompt ids
+the server builds (token ids, via the return_token_ids extension, and text); streamed text equals
+the non-stream text and streamed token ids the usage count; concurrent requests each equal the
+oracle. Bad bodies are 400s with OpenAI's error JSON; a client that goes away gets its request
+aborted and its KV blocks freed; /metrics speaks Prometheus with vLLM's names. The EngineLoop's
+failure paths (an exception in step(), a refused request) run against a tiny fake engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import torch
+
+import eagle_fx
+from eagle_fx.bundled import load_pair, pair_dirs
+from eagle_fx.serving.engine_loop import EngineError, EngineLoop
+from eagle_fx.serving.prometheus import parse_metrics
+from eagle_fx.serving.requests import RequestOutput, SamplingParams
+from eagle_fx.serving.server import build_app, start_in_thread
+
+MODEL = "tiny-sharegpt"
+MAX_TOKENS = 12
+PROMPTS = ["Hello there", "What is the best way to learn", "Write a short story about", "The capital of France",
+           "I want to buy a", "How do I"]
+LONG = 480  # max_tokens of the requests a test disconnects from (never reached)
+
+
+class Served:
+    def __init__(self, tok, base, engine_loop, port):
+        self.tok, self.base, self.engine_loop, self.port = tok, base, engine_loop, port
+        self.initial_metrics = engine_loop.metrics()  # before any request
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=60)
+        self._oracle: dict = {}
+
+    def hf_greedy(self, ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+        """HF's greedy continuation of `ids` (eos kept, as the engine keeps it)."""
+        key = (tuple(ids), max_tokens)
+        if key not in self._oracle:
+            with torch.no_grad():
+                out = self.base.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
+                                         pad_token_id=self.tok.pad_token_id)
+            self._oracle[key] = out[0, len(ids):].tolist()
+        return self._oracle[key]
+
+    def completion_ids(self, prompt: str) -> list[int]:
+        return self.tok(prompt)["input_ids"]  # as the server does (add_special_tokens on)
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def text(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def finish_reason(self, ids: list[int], max_tokens: int = MAX_TOKENS) -> str:
+        return "stop" if ids and ids[-1] == self.tok.eos_token_id else "length"
+
+
+@pytest.fixture(scope="module")
+def served():
+    from eagle_fx.serving.engine import Engine
+
+    tok, base, draft = load_pair(*pair_dirs())
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=512)
+    engine_loop = EngineLoop(Engine(model, tokenizer=tok, speculation="adaptive"), max_model_len=512)
+    server, thread, port = start_in_thread(build_app(engine_loop, tok, MODEL))
+    yield Served(tok, base, engine_loop, port)
+    server.should_exit = True
+    thread.join(10)
+    engine_loop.shutdown()
+
+
+def completion(served, prompt: str, **kwargs):
+    kwargs.setdefault("max_tokens", MAX_TOKENS)
+    return served.client.completions.create(model=MODEL, prompt=prompt, temperature=0,
+                                            extra_body={"return_token_ids": True}, **kwargs)
+
+
+def streamed_completion(served, prompt: str, **kwargs):
+    """(text, token ids, finish reason, usage) of a streamed completion."""
+    kwargs.setdefault("max_tokens", MAX_TOKENS)
+    text, ids, finish, usage = "", [], None, None
+    for chunk in served.client.completions.create(model=MODEL, prompt=prompt, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True},
+                                                  extra_body={"return_token_ids": True}, **kwargs):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.text
+            ids += choice.token_ids
+            finish = choice.finish_reason or finish
+    return text, ids, finish, usage
+
+
+def test_completion_equals_hf_greedy(served):
+    for prompt in PROMPTS[:3]:
+        ids = served.completion_ids(prompt)
+        want = served.hf_greedy(ids)
+        out = completion(served, prompt)
+        choice = out.choices[0]
+        assert choice.token_ids == want, prompt
+        assert choice.text == served.text(want)
+        assert choice.finish_reason == served.finish_reason(want)
+        assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), len(want))
+        assert out.usage.total_tokens == len(ids) + len(want)
+
+
+def test_completion_from_token_ids(served):
+    ids = served.completion_ids(PROMPTS[3])
+    out = served.client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].text == served.text(served.hf_greedy(ids))
+
+
+def test_stream_equals_non_stream(served):
+    prompt = PROMPTS[1]
+    want = served.hf_greedy(served.completion_ids(prompt))
+    text, ids, finish, usage = streamed_completion(served, prompt)
+    assert text == completion(served, prompt).choices[0].text == served.text(want)
+    assert ids == want
+    assert usage.completion_tokens == len(ids) == len(want)
+    assert finish == served.finish_reason(want)
+
+
+def test_chat_non_stream_and_stream(served):
+    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Tell me a joke"}]
+    ids = served.chat_ids(messages)
+    want = served.hf_greedy(ids)
+    out = served.client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=MAX_TOKENS,
+                                                temperature=0)
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == served.text(want)
+    assert out.choices[0].finish_reason == served.finish_reason(want)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), len(want))
+    content, finish, usage, roles = "", None, None, []
+    for chunk in served.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_TOKENS,
+                                                       temperature=0, stream=True,
+                                                       stream_options={"include_usage": True}):
+        assert chunk.object == "chat.completion.chunk"
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            roles += [choice.delta.role] if choice.delta.role else []
+            finish = choice.finish_reason or finish
+    assert roles == ["assistant"]
+    assert content == served.text(want)
+    assert finish == served.finish_reason(want)
+    assert usage.completion_tokens == len(want)
+
+
+def test_concurrent_requests_each_equal_the_request_alone(served):
+    """More requests than the batch holds (4), from threads, half streamed: each equals HF's greedy."""
+    def one(i: int):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        if i % 2:
+            text, ids, _, _ = streamed_completion(served, prompt)
+            return prompt, text, ids
+        choice = completion(served, prompt).choices[0]
+        return prompt, choice.text, choice.token_ids
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    for prompt, text, ids in results:
+        want = served.hf_greedy(served.completion_ids(prompt))
+        assert (ids, text) == (want, served.text(want)), prompt
+
+
+def test_models(served):
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].object == "model"
+
+
+def test_stop_string_cuts_the_text(served):
+    prompt = next(p for p in PROMPTS if len(served.text(served.hf_greedy(served.completion_ids(p)))) >= 12)
+    full = served.text(served.hf_greedy(served.completion_ids(prompt)))
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    cut = full[: full.find(stop)]
+    out = completion(served, prompt, stop=[stop])
+    assert (out.choices[0].text, out.choices[0].finish_reason) == (cut, "stop")
+    text, _, finish, _ = streamed_completion(served, prompt, stop=stop)
+    assert (text, finish) == (cut, "stop")
+
+
+BAD_BODIES = {
+    "invalid json": (b"{not json", "/v1/completions", None),
+    "not an object": (b"[1, 2]", "/v1/completions", None),
+    "missing prompt": ({"model": MODEL, "max_tokens": 4}, "/v1/completions", "prompt"),
+    "negative max_tokens": ({"model": MODEL, "prompt": "hi", "max_tokens": -1}, "/v1/completions", "max_tokens"),
+    "n=2": ({"model": MODEL, "prompt": "hi", "n": 2}, "/v1/completions", "n"),
+    "temperature hot": ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, "/v1/completions", "temperature"),
+    "prompt too long": ({"model": MODEL, "prompt": [5] * 600, "max_tokens": 4}, "/v1/completions", "prompt"),
+    "ids outside the vocabulary": ({"model": MODEL, "prompt": [5, 10 ** 6], "max_tokens": 4}, "/v1/completions",
+                                   None),
+    "logprobs": ({"model": MODEL, "prompt": "hi", "logprobs": 2}, "/v1/completions", "logprobs"),
+    "echo": ({"model": MODEL, "prompt": "hi", "echo": True}, "/v1/completions", "echo"),
+    "unknown field": ({"model": MODEL, "prompt": "hi", "frobnicate": 1}, "/v1/completions", "frobnicate"),
+    "top_p 0": ({"model": MODEL, "prompt": "hi", "top_p": 0}, "/v1/completions", "top_p"),
+    "chat without messages": ({"model": MODEL}, "/v1/chat/completions", "messages"),
+    "chat bad message": ({"model": MODEL, "messages": [{"content": "x"}]}, "/v1/chat/completions", "messages"),
+    "chat stream_options without stream": ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                            "stream_options": {"include_usage": True}}, "/v1/chat/completions",
+                                           "stream_options"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+def test_bad_requests_are_400_with_an_openai_error(served, case):
+    body, path, param = BAD_BODIES[case]
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+        else {"json": body}
+    r = httpx.post(served.url + path, timeout=30, **kwargs)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] and error["code"] is None
+    assert error["param"] == param
+
+
+def test_unknown_model_is_404_and_the_client_sees_it(served):
+    with pytest.raises(openai.NotFoundError):
+        served.client.completions.create(model="nope", prompt="hi", max_tokens=2)
+
+
+def metrics(served) -> dict[str, float]:
+    r = httpx.get(served.url + "/metrics", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return parse_metrics(r.text)
+
+
+def sample(samples: dict, name: str, **labels) -> float:
+    want = {f'{k}="{v}"' for k, v in {"model_name": MODEL, **labels}.items()}
+    found = [v for key, v in samples.items() if key.split("{")[0] == name
+             and set(key[key.index("{") + 1:-1].split(",")) == want]
+    return found[0] if found else 0.0
+
+
+def wait_until_released(served, aborts_before: float) -> dict:
+    """Poll /metrics until nothing runs, no KV block is held and one more request was aborted."""
+    deadline = time.monotonic() + 10
+    while True:
+        m = metrics(served)
+        done = (sample(m, "eagle_fx:num_requests_running") == 0 and sample(m, "eagle_fx:kv_cache_blocks_used") == 0
+                and sample(m, "eagle_fx:request_success_total", finished_reason="abort") == aborts_before + 1)
+        if done or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_stream_disconnect_aborts_and_frees_blocks(served):
+    aborts = sample(metrics(served), "eagle_fx:request_success_total", finished_reason="abort")
+    body = {"model": MODEL, "prompt": "Tell me everything", "max_tokens": LONG, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as client, client.stream("POST", served.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    m = wait_until_released(served, aborts)
+    assert sample(m, "eagle_fx:request_success_total", finished_reason="abort") == aborts + 1
+    assert sample(m, "eagle_fx:num_requests_running") == 0
+    assert sample(m, "eagle_fx:kv_cache_blocks_used") == 0  # prefix caching is off in this fixture
+
+
+def test_non_stream_disconnect_aborts(served):
+    aborts = sample(metrics(served), "eagle_fx:request_success_total", finished_reason="abort")
+    body = {"model": MODEL, "prompt": "Tell me everything", "max_tokens": LONG, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(served.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+    m = wait_until_released(served, aborts)
+    assert sample(m, "eagle_fx:request_success_total", finished_reason="abort") == aborts + 1
+    assert sample(m, "eagle_fx:kv_cache_blocks_used") == 0
+
+
+def test_metrics_names_and_spec_decode_counters_grow(served):
+    """Counters grow with requests. (Adaptive speculation may run a lone request at k = 0 when the
+    measured costs say so, so drafts are compared with the count before any request, after a batch.)"""
+    before = metrics(served)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda prompt: completion(served, prompt), PROMPTS[:4]))
+    text = httpx.get(served.url + "/metrics", timeout=30).text
+    after = parse_metrics(text)
+    for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                 "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total",
+                 "num_requests_running", "num_requests_waiting", "kv_cache_blocks_used", "kv_cache_usage_perc",
+                 "prompt_tokens_total", "generation_tokens_total", "request_success_total", "speculation_off",
+                 "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current"):
+        assert f"# TYPE eagle_fx:{name} " in text and f"# HELP eagle_fx:{name} " in text, name
+    assert sample(after, "eagle_fx:spec_decode_num_drafts_total") > served.initial_metrics["spec_decode_num_drafts"]
+    assert sample(after, "eagle_fx:spec_decode_num_accepted_tokens_per_pos_total", position=0) > 0
+    assert sample(after, "eagle_fx:generation_tokens_total") > sample(before, "eagle_fx:generation_tokens_total")
+    assert sample(after, "eagle_fx:request_success_total", finished_reason="length") >= 1
+
+
+def test_health(served):
+    assert httpx.get(served.url + "/health", timeout=30).status_code == 200
+
+
+# ---- the EngineLoop's failure paths, against a fake engine (no model) ----
+
+class FlakyEngine:
+    """Refuses prompts with a 0 in them; step() raises while `broken`; else one token per step."""
+
+    def __init__(self):
+        self.requests, self.broken, self.steps = {}, False, 0
+
+    def add_request(self, prompt, params, request_id):
+        if 0 in prompt:
+            raise ValueError("prompt token id 0 is not allowed here")
+        self.requests[request_id] = (params.max_tokens, [])
+        return request_id
+
+    def abort(self, request_id):
+        return self.requests.pop(request_id, None) is not None
+
+    def has_unfinished(self):
+        return bool(self.requests)
+
+    def metrics(self):
+        return {"num_requests_running": len(self.requests)}
+
+    def step(self):
+        self.steps += 1
+        if self.broken:
+            raise RuntimeError("boom")
+        outs = []
+        for rid, (max_tokens, out) in list(self.requests.items()):
+            out.append(7)
+            finished = len(out) >= max_tokens
+            outs.append(RequestOutput(rid, [7], list(out), finished, "length" if finished else None))
+            if finished:
+                del self.requests[rid]
+        return outs
+
+
+def test_engine_loop_failures_reach_the_submitter_and_the_loop_lives_on():
+    engine = FlakyEngine()
+    loop = EngineLoop(engine, name="flaky-engine-loop")
+
+    async def run(prompt, request_id):
+        return [out async for out in await loop.submit(prompt, SamplingParams(max_tokens=3), request_id)]
+
+    try:
+        with pytest.raises(ValueError, match="token id 0"):
+            asyncio.run(run([0, 1], "refused"))
+        assert [o.token_ids for o in asyncio.run(run([1], "ok"))][-1] == [7, 7, 7]
+        time.sleep(0.2)
+        idle_steps = engine.steps
+        time.sleep(0.3)
+        assert engine.steps == idle_steps  # asleep with no work: no busy spin
+        engine.broken = True
+        with pytest.raises(EngineError, match="boom"):
+            asyncio.run(run([1], "fails"))
+        assert engine.requests == {}  # the failed request was aborted in the engine
+        engine.broken = False
+        assert asyncio.run(run([1], "after"))[-1].finish_reason == "length"
+        assert loop.alive and loop.metrics() == {"num_requests_running": 0}
+    finally:
+        loop.shutdown()
+    assert not any(t.name == "flaky-engine-loop" and t.is_alive() for t in threading.enumerate())
+
+
+def test_serve_cli_flags_and_their_defaults():
+    import argparse
+
+    from eagle_fx.serving import cli_serve
+
+    parser = argparse.ArgumentParser()
+    cli_serve.add_args(parser)
+    args = parser.parse_args([])
+    assert (args.backend, args.num_spec_tokens, args.speculation, args.max_batch_size, args.max_seq_len,
+            args.prefix_caching, args.prefill_chunk_size, args.host, args.port) == \
+        ("inductor", 3, "adaptive", 16, 1024, True, 256, "127.0.0.1", 8000)
+    assert cli_serve.speculation_setting(args) == "adaptive"
+    assert cli_serve.speculation_setting(parser.parse_args(["--speculation", "fixed", "--num-spec-tokens", "2"])) == 2
+    assert parser.parse_args(["--no-prefix-caching"]).prefix_caching is False
+    with pytest.raises(SystemExit, match="--num-spec-tokens"):
+        cli_serve.check_args(parser.parse_args(["--num-spec-tokens", "-1"]))
