@@ -28,6 +28,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculation", choices=["adaptive", "fixed"], default="adaptive",
                         help="adaptive: the engine moves k in [0, --num-spec-tokens] with the batch and the "
                              "acceptance; fixed: always --num-spec-tokens")
+    parser.add_argument("--adaptive-ks", default=None,
+                        help="comma list of the k values adaptive speculation chooses from, e.g. 0,1,3 (0 is always "
+                             "added; default: every k from 0 to --num-spec-tokens)")
+    parser.add_argument("--admission", choices=["continuous", "waves"], default="continuous",
+                        help="continuous: a request joins the running batch as soon as a slot and KV blocks are "
+                             "free; waves: requests are admitted only when nothing runs, up to --max-batch-size at "
+                             "once (the old wave runtime's policy, a baseline)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together at most")
     parser.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request at most")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -50,6 +57,21 @@ def check_args(args) -> None:
         raise SystemExit("eagle-fx serve: --max-batch-size and --prefill-chunk-size must be >= 1, --max-seq-len >= 2")
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"eagle-fx serve: --port {args.port}: not a port (0 to 65535)")
+    adaptive_ks(args)
+
+
+def adaptive_ks(args):
+    """--adaptive-ks as a sorted list of ints (None: the engine's default, every k 0..--num-spec-tokens)."""
+    if getattr(args, "adaptive_ks", None) is None:
+        return None
+    try:
+        ks = sorted({int(k) for k in args.adaptive_ks.split(",") if k.strip()})
+    except ValueError:
+        raise SystemExit(f"eagle-fx serve: --adaptive-ks {args.adaptive_ks!r}: not a comma list of ints") from None
+    if not ks or ks[0] < 0 or ks[-1] > args.num_spec_tokens:
+        raise SystemExit(f"eagle-fx serve: --adaptive-ks {args.adaptive_ks!r}: each k must be in 0..--num-spec-tokens "
+                         f"({args.num_spec_tokens})")
+    return ks
 
 
 def speculation_setting(args):
@@ -75,10 +97,14 @@ def run(args) -> None:
     speculation = speculation_setting(args)
 
     def ready(host: str, port: int) -> None:
-        spec = f"speculation {speculation}" + (f", k <= {args.num_spec_tokens}" if speculation == "adaptive" else "")
+        ks = adaptive_ks(args)
+        spec = f"speculation {speculation}" + ((f", k in {ks}" if ks else f", k <= {args.num_spec_tokens}")
+                                               if speculation == "adaptive" else "")
         print(f"eagle-fx serve: ready on http://{host}:{port} (model {model_name}, backend {args.backend}, {spec}, "
-              f"max batch {args.max_batch_size}, max seq len {args.max_seq_len}, prefix caching "
+              f"admission {args.admission}, max batch {args.max_batch_size}, max seq len {args.max_seq_len}, "
+              f"prefix caching "
               f"{'on' if args.prefix_caching else 'off'})", file=sys.stderr, flush=True)
 
     serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
-          log_level=args.log_level, on_ready=ready)
+          log_level=args.log_level, on_ready=ready,
+          ks=adaptive_ks(args) if speculation == "adaptive" else None, admission=args.admission)

@@ -207,14 +207,16 @@ async def _serve_announcing(server, on_ready) -> None:
 
 
 def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
-          speculation="adaptive", log_level: str = "info", on_ready=None) -> None:
+          speculation="adaptive", log_level: str = "info", on_ready=None, ks=None,
+          admission: str = "continuous") -> None:
     """Serve `model` (an eagle_fx.compile result) until interrupted. on_ready(host, port) is called
-    once uvicorn listens."""
+    once uvicorn listens. ks, admission: the Engine's (the k values adaptive speculation chooses
+    from; "continuous" or "waves" admission)."""
     import uvicorn
 
     from eagle_fx.serving.engine import Engine
 
-    engine = Engine(model, tokenizer=tokenizer, speculation=speculation)
+    engine = Engine(model, tokenizer=tokenizer, speculation=speculation, ks=ks, admission=admission)
     options = getattr(model, "options", None)
     engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None))
     app = build_app(engine_loop, tokenizer, model_name)

@@ -1,0 +1,228 @@
+"""Load test of `eagle-fx serve`: speculation settings x concurrency x arrival pattern.
+
+For each setting (adaptive k in 0..3, fixed k=3, k=0) one `eagle-fx serve` subprocess is started
+(one at a time, each compiling its own pair; inductor by default) on a free loopback port. At each
+concurrency C it sends max(--min-requests, 2*C) streamed, greedy (temperature 0), ignore_eos
+/v1/completions requests of --max-tokens tokens, with held-out ShareGPT prompts sent as token ids
+(and the server's own tokenisation of the prompt text checked once per server), in two arrival
+patterns:
+
+  burst    all requests at t=0, at most C in flight (a semaphore of C);
+  poisson  exponential inter-arrival gaps at rate lambda = C / W, W the mean request latency
+           (send to last token) measured by the burst run at the same C: by Little's law
+           (L = lambda W) that offers about C requests in flight; still capped at C by the
+           semaphore.
+
+Reported per point: output tok/s (output tokens / wall of the batch, first send to last token),
+its ratio to k=0 at the same point, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
+the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), and
+greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
+prompt, computed before any server starts). The JSON (--out) has every point.
+
+The waves-vs-continuous comparison (offline, in-process) is bench/waves_vs_continuous.py.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+import httpx
+
+from serve_common import (Server, acceptance, get_metrics, held_out_prompts, hf_greedy, load_tokenizer_and_base, log,
+                          percentile, server_args, stream_completion, ttft_tpot)
+
+SETTINGS = ("adaptive", "k=3", "k=0")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring for the method)",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--settings", default=",".join(SETTINGS),
+                    help="comma list of engine settings: adaptive, k=N (fixed k; k=0 compiles without the draft)")
+    ap.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrency levels")
+    ap.add_argument("--arrivals", default="burst,poisson", help="comma list: burst (all at once), poisson")
+    ap.add_argument("--min-requests", type=int, default=16, help="requests per point: max(this, 2 * concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="the servers' backend")
+    ap.add_argument("--max-batch-size", type=int, default=64, help="the servers' --max-batch-size")
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="the servers' --max-seq-len")
+    ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per server (not measured)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps and the prompt order")
+    ap.add_argument("--start-timeout", type=float, default=900, help="seconds a server may take to compile and listen")
+    ap.add_argument("--out", default="serve_load.json", help="JSON results")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: eager backend, concurrency 1 and 4, 8 requests per point, 32 prompts")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.backend, args.concurrency, args.min_requests, args.num_prompts = "eager", "1,4", 8, 32
+        args.max_requests = 8
+    else:
+        args.max_requests = None
+    args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.arrivals = [a.strip() for a in args.arrivals.split(",")]
+    for s in args.settings:
+        if s != "adaptive" and not (s.startswith("k=") and s[2:].isdigit()):
+            ap.error(f"--settings: {s!r} is not adaptive or k=N")
+    if set(args.arrivals) - {"burst", "poisson"}:
+        ap.error("--arrivals: burst and/or poisson")
+    if max(args.concurrency) > args.max_batch_size:
+        log(f"note: concurrency {max(args.concurrency)} > --max-batch-size {args.max_batch_size}: requests will queue")
+    return args
+
+
+def num_requests(args, c: int) -> int:
+    n = max(args.min_requests, 2 * c)
+    return min(n, args.max_requests) if args.max_requests else n
+
+
+async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate: float | None, args, rng) -> dict:
+    """One batch of n requests at concurrency c; the point's measurements."""
+    order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
+    gaps = [0.0] * n
+    if arrival == "poisson":
+        t = 0.0
+        for i in range(n):
+            gaps[i] = t
+            t += rng.expovariate(rate)
+    sem = asyncio.Semaphore(c)
+    limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        before = await get_metrics(client, url)
+        t0 = time.perf_counter()
+
+        async def one(p, at):
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            async with sem:
+                body = {"prompt": list(p), "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+                return await stream_completion(client, url, body)
+
+        results = await asyncio.gather(*(one(p, at) for p, at in zip(order, gaps)))
+        wall = max(r["end"] for r in results) - t0
+        after = await get_metrics(client, url)
+    tokens = sum(len(r["ids"]) for r in results)
+    exact = sum(1 for r, p in zip(results, order) if r["error"] is None and r["ids"] == refs[tuple(p)][:args.max_tokens])
+    errors = [r["error"] or f"status {r['status']}" for r in results if r["error"] or r["status"] != 200]
+    pairs = [ttft_tpot(r) for r in results]
+    ms = lambda v: None if v is None else 1000 * v  # noqa: E731
+    return {"concurrency": c, "arrival": arrival, "requests": n, "poisson_rate": rate, "output_tokens": tokens,
+            "wall_s": wall, "tok_s": tokens / wall, "mean_latency_s": sum(r["end"] - r["sent"] for r in results) / n,
+            "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
+            "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
+            "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
+            "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
+            "acceptance": acceptance(before, after), "greedy_exact": exact, "errors": errors[:5],
+            "num_errors": len(errors)}
+
+
+async def tokenisation_check(url: str, tok, prompts, refs, args, k: int = 4) -> dict:
+    """The prompt sent as text (the server tokenises it, add_special_tokens=False) must give the
+    same greedy output as the token ids we send; also a warm-up."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        same, checked = 0, 0
+        for p in prompts[:k]:
+            text = tok.decode(p)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            m = min(8, args.max_tokens)
+            r = await stream_completion(client, url, {"prompt": text, "add_special_tokens": False, "max_tokens": m,
+                                                      "temperature": 0, "ignore_eos": True})
+            checked += 1
+            same += int(list(ids) == list(p) and r["ids"] == refs[tuple(p)][:m])
+        sem = asyncio.Semaphore(8)
+
+        async def warm(p):
+            async with sem:
+                return await stream_completion(client, url, {"prompt": list(p), "max_tokens": args.max_tokens,
+                                                             "temperature": 0, "ignore_eos": True})
+        await asyncio.gather(*(warm(prompts[i % len(prompts)]) for i in range(args.warmup)))
+    return {"text_prompts_matching": same, "checked": checked}
+
+
+def bench_setting(setting: str, tok, prompts, refs, args) -> dict:
+    rng = random.Random(args.seed)
+    sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, setting)
+    points = []
+    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout) as server:
+        check = asyncio.run(tokenisation_check(server.url, tok, prompts, refs, args))
+        log(f"{setting}: server tokenisation of text prompts matches the token ids: "
+            f"{check['text_prompts_matching']}/{check['checked']}")
+        for c in args.concurrency:
+            n = num_requests(args, c)
+            burst = None
+            for arrival in args.arrivals:
+                rate = None
+                if arrival == "poisson":
+                    w = burst["mean_latency_s"] if burst else None
+                    if w is None:  # no burst run to take W from: measure one, unrecorded
+                        w = asyncio.run(run_point(server.url, prompts, refs, c, n, "burst", None, args, rng))[
+                            "mean_latency_s"]
+                    rate = c / w
+                point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args, rng))
+                point["setting"] = setting
+                if arrival == "burst":
+                    burst = point
+                points.append(point)
+                acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
+                log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
+                    f"acceptance {acc}, greedy-exact {point['greedy_exact']}/{n}"
+                    + (f", {point['num_errors']} errors: {point['errors'][0]}" if point["num_errors"] else ""))
+                if not server.alive():
+                    raise RuntimeError(f"{setting}: the server died:\n{server.tail()}")
+    return {"setting": setting, "server_args": sargs, "tokenisation": check, "points": points}
+
+
+def fmt(v, spec=".0f"):
+    return "-" if v is None else format(v, spec)
+
+
+def table(results) -> str:
+    base = {(p["concurrency"], p["arrival"]): p["tok_s"] for r in results if r["setting"] == "k=0" for p in r["points"]}
+    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'TTFT p50':>8} {'p99':>7} "
+            f"{'TPOT p50':>8} {'p99':>7} {'accept':>6} {'exact':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        for p in r["points"]:
+            ref = base.get((p["concurrency"], p["arrival"]))
+            lines.append(f"{r['setting']:<9} {p['concurrency']:>4} {p['arrival']:<8} {p['tok_s']:>8.1f} "
+                         f"{fmt(ref and p['tok_s'] / ref, '.2f'):>6} {fmt(p['ttft_p50_ms']):>8} {fmt(p['ttft_p99_ms']):>7} "
+                         f"{fmt(p['tpot_p50_ms'], '.1f'):>8} {fmt(p['tpot_p99_ms'], '.1f'):>7} "
+                         f"{fmt(p['acceptance'], '.2f'):>6} {p['greedy_exact']:>4}/{p['requests']:<3}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    log(f"serve_load: settings {args.settings}, concurrency {args.concurrency}, arrivals {args.arrivals}, "
+        f"backend {args.backend}, max_tokens {args.max_tokens}")
+    tok, base = load_tokenizer_and_base()
+    prompts = held_out_prompts(tok, args.num_prompts, args.max_prompt_len)
+    refs = hf_greedy(base, prompts, args.max_tokens)  # before any server runs
+    del base
+    results = []
+    started = time.time()
+    try:
+        for setting in args.settings:
+            results.append(bench_setting(setting, tok, prompts, refs, args))
+    except KeyboardInterrupt:
+        log("interrupted: servers stopped; writing what was measured")
+    finally:
+        summary = {"args": {k: v for k, v in vars(args).items()}, "results": results,
+                   "elapsed_s": time.time() - started}
+        with open(args.out, "w") as f:
+            json.dump(summary, f, indent=2)
+        log(f"wrote {args.out}")
+    print(table(results))
+    total = sum(p["requests"] for r in results for p in r["points"])
+    exact = sum(p["greedy_exact"] for r in results for p in r["points"])
+    print(f"greedy-exact overall: {exact}/{total}")
+    return 0 if exact == total and total > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
