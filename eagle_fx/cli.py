@@ -1,4 +1,4 @@
-"""`eagle-fx bench | generate | train-draft`."""
+"""`eagle-fx bench | generate | train-draft | serve`."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ import time
 from eagle_fx import bench
 from eagle_fx.bench.args import parse_tree
 from eagle_fx.bundled import check_pair_dirs, load_pair, pair_dirs
+from eagle_fx.serving import cli_serve
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -144,8 +145,12 @@ def main(argv=None) -> None:
     t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the base's dtype; the draft keeps fp32 master weights and runs under autocast to it")
 
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching, adaptive speculation)",
+                       formatter_class=HelpFormatter, description=cli_serve.DESCRIPTION)
+    cli_serve.add_args(s)
+
     args = ap.parse_args(argv)
-    run = {"bench": bench.run, "generate": _generate, "train-draft": _train_draft}[args.cmd]
+    run = {"bench": bench.run, "generate": _generate, "train-draft": _train_draft, "serve": cli_serve.run}[args.cmd]
     try:
         run(args)
     except SystemExit as e:  # the commands' own checks: one line, argparse's exit code

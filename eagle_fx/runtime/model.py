@@ -209,15 +209,37 @@ class SpeculativeModel:
             streamer.put(torch.tensor([prompts[0]]))  # as HF generate: the prompt first (skip_prompt skips it)
         started = time.perf_counter()
         sequences: list[list[int]] = []
-        batch = self.options.max_batch_size
-        for first in range(0, len(prompts), batch):
-            wave = new_wave(self, prompts[first:first + batch], images[first:first + batch])
-            sequences += run_wave(self, call, wave)
+        if self.tree is None and not self.spec.vision_language:  # a chain: continuous batching on an engine
+            sequences = self._generate_on_engine(call, prompts)
+        else:  # a draft tree, or a vision-language wave's image tables: waves of max_batch_size
+            batch = self.options.max_batch_size
+            for first in range(0, len(prompts), batch):
+                wave = new_wave(self, prompts[first:first + batch], images[first:first + batch])
+                sequences += run_wave(self, call, wave)
         if streamer is not None:
             streamer.end()
         stats.total_num_output_tokens = sum(len(s) for s in sequences)
         stats.wall_time_s = time.perf_counter() - started
         return GenerateOutput(sequences, stats)
+
+    def _generate_on_engine(self, call: GenerateCall, prompts: list[list[int]]) -> list[list[int]]:
+        """Every prompt on one serving engine at this model's k: more prompts than max_batch_size
+        join as others finish (eagle_fx.serving.engine)."""
+        from eagle_fx.serving.engine import Engine
+        from eagle_fx.serving.requests import SamplingParams
+
+        engine = Engine(self, speculation=self.num_spec_tokens, call=call, measure=False)
+        params = SamplingParams(max_tokens=call.max_new_tokens, eos_token_id=tuple(sorted(call.eos)))
+        ids = [engine.add_request(p, params) for p in prompts]
+        done: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for out in engine.step():
+                if call.streamer is not None:
+                    for t in out.new_token_ids:
+                        call.streamer.put(torch.tensor([t]))
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        return [done[i] for i in ids]
 
     @property
     def draft_kv(self) -> torch.Tensor:

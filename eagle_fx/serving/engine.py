@@ -52,7 +52,19 @@ OFF_REASONS = ("cost", "acceptance_collapse")
 class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
-                 resume_window: int = 128, measure: bool = True):
+                 resume_window: int = 128, measure: bool = True, call: GenerateCall | None = None,
+                 admission: str = "continuous", explore_every: int = 200):
+        """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
+        generator for every row), stats, profiler and graph-by-graph flag serve every request; the
+        model's forced_drafts oracle applies. admission="waves": requests are admitted only when
+        nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
+        baseline continuous batching is measured against). explore_every: adaptive speculation
+        runs a k whose cost at the current batch size was not measured for this many cycles once,
+        so a cost measured badly (a noisy moment) does not keep that k out for good."""
+        if admission not in ("continuous", "waves"):
+            raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
+        self.admission, self.explore_every, self._cycles_run = admission, explore_every, 0
+        self._last_run: dict[tuple[int, int], int] = {}
         if model.tree is not None:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
         if model.spec.vision_language:
@@ -101,7 +113,9 @@ class Engine:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.aborted: list[Request] = []
-        self.stats = SpecDecodeStats(max(k_max, 1))
+        self.call = call
+        self.stats = call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
+        self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
         self.costs = StepCosts()
         self.current_k = ks[-1]
@@ -137,7 +151,7 @@ class Engine:
         eos = set() if params.ignore_eos else set(params.eos_token_id if params.eos_token_id is not None
                                                   else self.model.spec.eos)
         request = Request(request_id, prompt, params, frozenset(eos | set(params.stop_token_ids)), next(self._ids))
-        if not params.greedy:
+        if not params.greedy and self.call is None:
             request.generator = torch.Generator(device=self.device).manual_seed(
                 params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         if self.tokenizer is not None:
@@ -175,7 +189,15 @@ class Engine:
     # ------------------------------------------------------------------ one step
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        outputs = [self._output(r, []) for r in self.aborted]
+        """One step (see the module); returns the outputs of requests with news. Holds the model's
+        lock (a generate() on the same model waits), except inside generate() itself."""
+        if self.call is not None:
+            return self._step()
+        with self.model._lock:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
+        outputs = [r.progress([]) for r in self.aborted]
         for r in self.aborted:
             self._forget(r)
         self.aborted = []
@@ -188,13 +210,25 @@ class Engine:
 
     def _admit(self) -> None:
         options, group = self.model.options, []
+        if self.admission == "waves" and (self.running or self.prefilling):
+            return
         while self.waiting and self.free_slots:
             request = self.waiting[0]
             try:
                 request.blocks = self.kv.admit([request.prompt], [len(request.prompt)], request.params.max_tokens,
                                                self.model.lookahead, options.prefix_caching, options.prefill_shift)
             except PoolExhausted:
-                break  # first come, first served: it waits for blocks, and the rest behind it
+                if self.running or self.prefilling or group:
+                    break  # first come, first served: it waits for blocks, and the rest behind it
+                # nothing of this engine holds blocks: they are held outside it and may never come back
+                if self.call is not None:
+                    raise  # generate(): as before, the error that says what to raise
+                log.warning("eagle_fx serving: request %s aborted: the KV pool's blocks are held outside the "
+                            "engine", request.request_id)
+                self.waiting.popleft()
+                request.finish_reason = "abort"
+                self.aborted.append(request)
+                continue
             self.waiting.popleft()
             request.slot = self.free_slots.pop()
             request.cached = request.blocks.cached_tokens[0]
@@ -212,7 +246,8 @@ class Engine:
                             torch.cat([r.blocks.block_table for r in group]))
         prompts = [r.prompt for r in group]
         wave = Wave(prompts, prompts, prompts, None, blocks, spec_rows=torch.tensor([r.slot for r in group], **long))
-        call = GenerateCall(self._sampler(group), self.stats, Profiler(self.stats, False, self.device), set(), 1)
+        call = self.call or GenerateCall(self._sampler(group), self.stats, Profiler(self.stats, False, self.device),
+                                         set(), 1)
         carry = self.kv.carry_features(blocks, self.model.bootstrap)
         self.prefilling.append((group, prefill_chunks(self.model, call, wave, carry), wave, call))
 
@@ -243,7 +278,7 @@ class Engine:
         committed = torch.tensor([len(r.prompt) for r in joined], **long)
         pending = first.pending[rows]
         table = self._table(slots, max(len(r.prompt) for r in joined))
-        draft_logits, draft_hidden = enter_draft(self.model, None, None, first, rows, pending, committed, table, slots)
+        draft_logits, draft_hidden = enter_draft(self.model, self.profiler, None, first, rows, pending, committed, table, slots)
         self.pending[slots], self.committed[slots] = pending, committed
         if self.model.speculates:
             self.draft_logits[slots], self.draft_hidden[slots] = draft_logits, draft_hidden
@@ -278,6 +313,10 @@ class Engine:
     def pick_k(self, spec: list[Request], off: list[Request]) -> int:
         """The k of this step's cycle of the speculating requests `spec` (`off`: those at k = 0):
         the fastest by measured costs and recent acceptance (eagle_fx.serving.adaptive)."""
+        stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
+                 >= self.explore_every]
+        if stale:  # re-measure a k not run at this batch size for a while
+            return stale[0]
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         return choose_k(self.ks, self.costs, rates, len(off), self.current_k)
@@ -292,12 +331,18 @@ class Engine:
         committed = self.committed[slots]
         table = self._table(slots, max(r.committed for r in group))
         started = time.perf_counter()
+        forced = None
+        if self.model.forced_drafts is not None and k > 0:  # a test oracle's tokens for the drafts
+            forced = torch.as_tensor(self.model.forced_drafts([r.context for r in group], k), **long)
         accepted_t, next_t, drafts, draft_logits, draft_hidden, features = self.cycles[k](
             self.executor, self._sampler(group), self.pending[slots], committed, table, slots,
-            self.draft_logits[slots], self.draft_hidden[slots])
+            self.draft_logits[slots], self.draft_hidden[slots], profiler=self.profiler, forced=forced,
+            graph_by_graph=self.call is not None and self.call.graph_by_graph)
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
         self.costs.observe(k, size, time.perf_counter() - started)
+        self._cycles_run += 1
+        self._last_run[(k, size)] = self._cycles_run
         accepted, next_token = host[:size], host[size:2 * size]
         self.pending[slots], self.committed[slots] = next_t, committed + accepted_t + 1
         if k > 0:
@@ -316,6 +361,8 @@ class Engine:
             if k > 0:
                 r.draft_upto = r.committed
                 self._record(r, k, a)
+            elif not self.adaptive:  # fixed k = 0: every cycle a step of no drafts (vLLM's count, generate's)
+                self.stats.num_drafts += 1
             if self._emit(r, new, outputs):
                 final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
                 self.running.remove(r)
@@ -358,6 +405,8 @@ class Engine:
         return self.tables[slots, :width].contiguous()
 
     def _sampler(self, group: list[Request]):
+        if self.call is not None:
+            return self.call.sampler
         if all(r.params.greedy for r in group):
             return Sampler()
         return RowSampler([r.params.temperature for r in group], [max(r.params.top_k, 0) for r in group],
@@ -365,31 +414,10 @@ class Engine:
 
     def _emit(self, r: Request, new: list[int], outputs) -> bool:
         """Append tokens up to a stop; one RequestOutput; True when the request is finished."""
-        added = []
-        for t in new:
-            added.append(t)
-            r.output.append(t)
-            if t in r.eos:
-                r.finish_reason = "stop"
-                break
-            if len(r.output) >= r.params.max_tokens:
-                r.finish_reason = "length"
-                break
+        added = r.append(new)
         self.generation_tokens += len(added)
-        if r.text is not None:
-            r.text.update(r.output, r.finish_reason is not None)
-            if r.text.stopped:
-                r.finish_reason = "stop"
-        outputs.append(self._output(r, added))
+        outputs.append(r.progress(added))
         return r.finish_reason is not None
-
-    def _output(self, r: Request, added: list[int]) -> RequestOutput:
-        finished = r.finish_reason is not None
-        delta = None
-        if r.text is not None:
-            delta = r.text.take_delta()
-        return RequestOutput(r.request_id, added, list(r.output), finished, r.finish_reason,
-                             r.text.text if r.text is not None else None, delta, len(r.prompt), getattr(r, "cached", 0))
 
     def _finish(self, r: Request, final: int) -> None:
         if self.model.options.prefix_caching:
@@ -398,10 +426,10 @@ class Engine:
         self._forget(r)
 
     def _release(self, r: Request, cache: bool) -> None:
-        if getattr(r, "blocks", None) is not None:
+        if r.blocks is not None:
             self.kv.release(r.blocks)
             r.blocks = None
-        if getattr(r, "slot", None) is not None:
+        if r.slot is not None:
             self.free_slots.append(r.slot)
             r.slot = None
 

@@ -159,3 +159,29 @@ class Request:
     @property
     def context(self) -> list[int]:
         return self.prompt + self.output
+
+    def append(self, new: list[int]) -> list[int]:
+        """Append tokens up to the first stop (eos / a stop token: kept; max_tokens; a stop string in
+        the text: cut there): sets finish_reason; returns the tokens appended."""
+        added = []
+        for t in new:
+            added.append(t)
+            self.output.append(t)
+            if t in self.eos:
+                self.finish_reason = "stop"
+                break
+            if len(self.output) >= self.params.max_tokens:
+                self.finish_reason = "length"
+                break
+        if self.text is not None:
+            self.text.update(self.output, self.finish_reason is not None)
+            if self.text.stopped:
+                self.finish_reason = "stop"
+        return added
+
+    def progress(self, added: list[int]) -> RequestOutput:
+        """What a step gives out about this request (`added`: its new tokens)."""
+        text = self.text
+        return RequestOutput(self.request_id, added, list(self.output), self.finish_reason is not None,
+                             self.finish_reason, text.text if text is not None else None,
+                             text.take_delta() if text is not None else None, len(self.prompt), self.cached)
