@@ -1,0 +1,95 @@
+"""Adaptive speculation's arithmetic against formulas: expected tokens per cycle, decayed acceptance,
+cost interpolation, the choice of k, collapse detection."""
+import itertools
+import random
+
+import pytest
+
+from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, Acceptance, CollapseWatch, StepCosts, choose_k,
+                                       expected_tokens)
+
+
+def test_expected_tokens_is_the_mean_of_simulated_cycles():
+    rates = [0.8, 0.6, 0.5]
+    rng = random.Random(0)
+    for k in range(4):
+        total = 0
+        for _ in range(40000):
+            accepted = 0
+            while accepted < k and rng.random() < rates[accepted]:
+                accepted += 1
+            total += accepted + 1
+        assert expected_tokens(rates, k) == pytest.approx(total / 40000, abs=0.02)
+    assert expected_tokens(rates, 3) == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.5)
+
+
+def test_acceptance_counts_are_conditional_and_decayed():
+    a = Acceptance(3)
+    a.record(3, 1)  # position 0 accepted, position 1 tried and rejected, position 2 not tried
+    assert a.tried == [1, 1, 0] and a.accepted == [1, 0, 0]
+    a.record(2, 2)  # both drafted positions accepted
+    assert a.tried == pytest.approx([DECAY + 1, DECAY + 1, 0]) and a.accepted == pytest.approx([DECAY + 1, 1, 0])
+    prior = [0.5, 0.5, 0.5]
+    rates = a.rates(prior)
+    assert rates[2] == 0.5  # never tried: the prior
+    assert rates[0] == pytest.approx((DECAY + 1 + 2 * 0.5) / (DECAY + 1 + 2))
+
+
+def test_costs_interpolate_between_measured_batch_sizes():
+    costs = StepCosts(smoothing=0.5)
+    costs.observe(3, 1, 1.0)
+    costs.observe(3, 4, 4.0)
+    costs.observe(3, 8, 6.0)
+    assert costs.cost(3, 2) == pytest.approx(2.0) and costs.cost(3, 6) == pytest.approx(5.0)
+    assert costs.cost(3, 16) == pytest.approx(10.0)  # along the line through the two largest
+    costs.observe(3, 4, 2.0)  # smoothed: halfway
+    assert costs.cost(3, 4) == pytest.approx(3.0)
+    with pytest.raises(KeyError):
+        costs.cost(1, 4)
+
+
+def brute_force_k(ks, cost, rates, num_off):
+    best, best_rate = None, -1.0
+    for k in ks:
+        if k == 0:
+            rate = (len(rates) + num_off) / cost(0, len(rates) + num_off)
+        else:
+            seconds = cost(k, len(rates)) + (cost(0, num_off) if num_off else 0)
+            rate = (sum(expected_tokens(r, k) for r in rates) + num_off) / seconds
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+def test_choose_k_maximises_tokens_per_second():
+    # a CPU-like cost: a cycle costs what its rows cost, plus a fixed part
+    def cost(k, batch):
+        return 1.0 + 0.05 * batch * (k + 1) + 0.3 * k
+
+    costs = StepCosts()
+    for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
+        costs.observe(k, b, cost(k, b))
+    for batch, acceptance, off in itertools.product([1, 4, 16, 64], [0.2, 0.6, 0.9], [0, 3]):
+        rates = [[acceptance] * 3] * batch
+        assert choose_k([0, 1, 2, 3], costs, rates, off, current=-1) == brute_force_k([0, 1, 2, 3], cost, rates, off)
+    # what it implies: speculate when alone and well accepted, not when the batch is large
+    assert choose_k([0, 1, 2, 3], costs, [[0.9] * 3], 0, -1) == 3
+    assert choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1) == 0
+
+
+def test_choose_k_keeps_the_current_k_within_the_hysteresis():
+    costs = StepCosts()
+    costs.observe(0, 1, 1.0)
+    costs.observe(3, 1, 2.0)
+    rates = [[1.0, HYSTERESIS - 1, 0.0]]  # k=3: 2 + (H-1) tokens in 2 s, (1 + (H-1)/2)/s; k=0: 1/s
+    assert choose_k([0, 3], costs, rates, 0, current=0) == 0
+    assert choose_k([0, 3], costs, rates, 0, current=-1) == 3
+
+
+def test_collapse_needs_a_full_window_below_the_threshold():
+    watch = CollapseWatch(window=4, threshold=0.2)
+    assert not any(watch.record(0, 3) for _ in range(3))  # window not full yet
+    assert watch.record(0, 3)
+    watch.clear()
+    assert not [watch.record(a, 3) for a in (3, 0, 0, 0)][-1]  # 3 of 12 = 0.25: not collapsed
+    assert watch.record(0, 3)  # the 3 slid out: 0 of 12
