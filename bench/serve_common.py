@@ -245,5 +245,8 @@ def percentile(values, q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (at - lo)
 
 
-def run_async(coro):
-    return asyncio.run(coro)
+def sigterm_as_interrupt() -> None:
+    """SIGTERM raises KeyboardInterrupt, so the `with Server(...)` blocks stop their servers."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, handler)

@@ -33,7 +33,7 @@ import time
 import httpx
 
 from serve_common import (Server, acceptance, get_metrics, held_out_prompts, hf_greedy, load_tokenizer_and_base, log,
-                          percentile, server_args, stream_completion, ttft_tpot)
+                          percentile, server_args, sigterm_as_interrupt, stream_completion, ttft_tpot)
 
 SETTINGS = ("adaptive", "k=3", "k=0")
 
@@ -198,6 +198,7 @@ def table(results) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sigterm_as_interrupt()
     log(f"serve_load: settings {args.settings}, concurrency {args.concurrency}, arrivals {args.arrivals}, "
         f"backend {args.backend}, max_tokens {args.max_tokens}")
     tok, base = load_tokenizer_and_base()
@@ -208,7 +209,11 @@ def main(argv=None) -> int:
     started = time.time()
     try:
         for setting in args.settings:
-            results.append(bench_setting(setting, tok, prompts, refs, args))
+            try:
+                results.append(bench_setting(setting, tok, prompts, refs, args))
+            except (RuntimeError, OSError, httpx.HTTPError) as e:  # this setting failed: on to the next
+                log(f"{setting}: FAILED: {type(e).__name__}: {e}")
+                results.append({"setting": setting, "error": f"{type(e).__name__}: {e}", "points": []})
     except KeyboardInterrupt:
         log("interrupted: servers stopped; writing what was measured")
     finally:
@@ -221,7 +226,10 @@ def main(argv=None) -> int:
     total = sum(p["requests"] for r in results for p in r["points"])
     exact = sum(p["greedy_exact"] for r in results for p in r["points"])
     print(f"greedy-exact overall: {exact}/{total}")
-    return 0 if exact == total and total > 0 else 1
+    failed = [r["setting"] for r in results if r.get("error")]
+    if failed:
+        print(f"settings that failed: {failed}")
+    return 0 if exact == total and total > 0 and not failed else 1
 
 
 if __name__ == "__main__":

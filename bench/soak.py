@@ -27,7 +27,7 @@ import time
 import httpx
 
 from serve_common import (Server, acceptance, get_metrics, held_out_prompts, hf_greedy, load_tokenizer_and_base, log,
-                          metric, server_args, stream_completion)
+                          metric, server_args, sigterm_as_interrupt, stream_completion)
 
 MALFORMED = ("invalid_json", "negative_max_tokens", "n_2", "unknown_field", "prompt_too_long")
 
@@ -127,15 +127,18 @@ async def soak(server: Server, refs, reqs, args) -> dict:
 
         results = await asyncio.gather(*(one(r) for r in reqs))
         wall = time.perf_counter() - t0
-        end_metrics, settle = None, time.perf_counter()
-        for _ in range(50):  # aborts are taken at the engine's next step
-            await asyncio.sleep(0.2)
-            end_metrics = await get_metrics(client, url)
-            if all(metric(end_metrics, f"eagle_fx:{n}") == 0 for n in
-                   ("kv_cache_blocks_used", "num_requests_running", "num_requests_waiting")):
-                break
+        end_metrics, health, settle = None, None, time.perf_counter()
+        try:
+            for _ in range(50):  # aborts are taken at the engine's next step
+                await asyncio.sleep(0.2)
+                end_metrics = await get_metrics(client, url)
+                if all(metric(end_metrics, f"eagle_fx:{n}") == 0 for n in
+                       ("kv_cache_blocks_used", "num_requests_running", "num_requests_waiting")):
+                    break
+            health = (await client.get(url + "/health")).status_code
+        except httpx.HTTPError as e:
+            log(f"the server did not answer at the end: {type(e).__name__}: {e}")
         settle = time.perf_counter() - settle
-        health = (await client.get(url + "/health")).status_code
     return {"results": results, "wall_s": wall, "rss": rss, "metrics_before": before, "metrics_end": end_metrics,
             "settle_s": settle, "health": health}
 
@@ -161,8 +164,8 @@ def check(out: dict, refs, server_alive: bool) -> dict:
     bad_wrong = [{"kind": r["req"]["malformed"], "status": r.get("status"), "error": r.get("error")}
                  for r in bad if r.get("status") != 400][:10]
     m = out["metrics_end"] or {}
-    end = {n: metric(m, f"eagle_fx:{n}") for n in ("kv_cache_blocks_used", "num_requests_running",
-                                                    "num_requests_waiting")}
+    end = {n: metric(m, f"eagle_fx:{n}") if m else None for n in ("kv_cache_blocks_used", "num_requests_running",
+                                                                   "num_requests_waiting")}
     rss = out["rss"]
     at200 = next((mb for n, mb in rss if n >= 200), None)
     growth = (rss[-1][1] - at200) if at200 is not None and rss[-1][1] is not None else None
@@ -183,6 +186,7 @@ def check(out: dict, refs, server_alive: bool) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    sigterm_as_interrupt()
     log(f"soak: {args.num_requests} requests at concurrency {args.concurrency}, backend {args.backend}, "
         f"setting {args.setting}")
     tok, base = load_tokenizer_and_base()
@@ -207,6 +211,9 @@ def main(argv=None) -> int:
             json.dump(summary, f, indent=2, default=str)
         log(f"wrote {args.out}")
     s = summary
+    if "checks" not in s:
+        print("soak: no results (the run failed before its checks)")
+        return 1
     print(f"soak: {args.num_requests} requests, concurrency {args.concurrency}, backend {args.backend}, "
           f"{s['wall_s']:.0f} s, {s['output_tokens']} output tokens ({s['tok_s']:.1f} tok/s), acceptance "
           f"{'-' if s['acceptance'] is None else format(s['acceptance'], '.2f')}")
