@@ -17,7 +17,7 @@ for life: its row of the engine's device buffers (pending token, committed lengt
 outputs, block table) and of a KV-sharing draft's ring.
 
 Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among
-`ks` (0 included) for the speculating requests from measured cycle costs and their recent
+`ks` (default 0, 1 and the model's k) for the speculating requests from measured cycle costs and their recent
 acceptance; a request whose acceptance collapses (a rolling window below `collapse_threshold`)
 runs without speculation (a warning once, a metric), and is probed again `probe_after` tokens
 later. A request decoded at k = 0 leaves the draft behind: the base features of the tokens it
@@ -77,7 +77,8 @@ class Engine:
             if model.options.prefill_shift:
                 raise ValueError("adaptive speculation needs the unshifted draft prefill (prefill_shift=False, the "
                                  "default): the draft catches up after k = 0 cycles with it")
-            ks = sorted(set(ks if ks is not None else range(k_max + 1)))
+            # default: 0, 1 and k (each k is a compiled cycle, two with inductor: minutes of compile on a CPU)
+            ks = sorted(set(ks if ks is not None else {0, min(1, k_max), k_max}))
             if not ks or ks[0] < 0 or ks[-1] > k_max:
                 raise ValueError(f"ks must be ks within 0..{k_max} (the model's num_spec_tokens), got {ks!r}")
             if 0 not in ks:
@@ -140,7 +141,7 @@ class Engine:
             message = str(e).replace("prompts must be", "a prompt must be").replace("prompt 0", "the prompt")
             raise ValueError(message.replace("max_new_tokens", "max_tokens")) from None
         need = self.kv.allocator.blocks_for(len(prompt) + params.max_tokens + self.model.lookahead)
-        if need > self.kv.num_blocks:
+        if need > self.kv.num_blocks and self.call is None:  # (generate: the pool's own PoolExhausted, as before)
             raise ValueError(f"the request needs {need} KV blocks, the pool has {self.kv.num_blocks}: shorten the prompt "
                              "or max_tokens")
         if params.stop and self.tokenizer is None:
