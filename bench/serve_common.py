@@ -66,14 +66,22 @@ class Server:
     """`python -m eagle_fx.cli serve ...` in a process (and process group) of its own, on a free
     loopback port (--port 0; the port is read from its ready line). Use as a context manager."""
 
-    def __init__(self, args: list[str], name: str = "server", start_timeout: float = 900.0):
+    def __init__(self, args: list[str], name: str = "server", start_timeout: float = 900.0,
+                 recompile_limit: int | None = None):
+        """recompile_limit: set torch._dynamo.config.recompile_limit in the server before the CLI runs
+        (a diagnostic: the compiled cycles of every k share one code object, limit 8 by default)."""
         self.args, self.name, self.start_timeout = args, name, start_timeout
+        self.recompile_limit = recompile_limit
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.log_path = Path(tempfile.mkstemp(prefix=f"eagle-fx-{name}-", suffix=".log")[1])
 
     def start(self) -> Server:
-        cmd = [sys.executable, "-m", "eagle_fx.cli", "serve", "--host", "127.0.0.1", "--port", "0", *self.args]
+        cmd = [sys.executable, "-m", "eagle_fx.cli"]
+        if self.recompile_limit is not None:
+            cmd = [sys.executable, "-c", "import sys, torch._dynamo.config as c; c.recompile_limit = int(sys.argv.pop(1)); "
+                   "from eagle_fx.cli import main; main()", str(self.recompile_limit)]
+        cmd += ["serve", "--host", "127.0.0.1", "--port", "0", *self.args]
         log(f"{self.name}: starting {' '.join(cmd[1:])} (log {self.log_path})")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,

@@ -54,6 +54,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-seq-len", type=int, default=1024, help="the servers' --max-seq-len")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per server (not measured)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps and the prompt order")
+    ap.add_argument("--recompile-limit", type=int, default=None,
+                    help="diagnostic: torch._dynamo.config.recompile_limit in the server (default: torch's, 8)")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds a server may take to compile and listen")
     ap.add_argument("--out", default="serve_load.json", help="JSON results")
     ap.add_argument("--quick", action="store_true",
@@ -148,7 +150,8 @@ def bench_setting(setting: str, tok, prompts, refs, args) -> dict:
     rng = random.Random(args.seed)
     sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, setting)
     points = []
-    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout) as server:
+    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout,
+                recompile_limit=args.recompile_limit) as server:
         check = asyncio.run(tokenisation_check(server.url, tok, prompts, refs, args))
         log(f"{setting}: server tokenisation of text prompts matches the token ids: "
             f"{check['text_prompts_matching']}/{check['checked']}")

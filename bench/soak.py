@@ -49,6 +49,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-seq-len", type=int, default=1024, help="the server's --max-seq-len")
     ap.add_argument("--rss-every", type=int, default=100, help="sample the server's RSS every this many requests")
     ap.add_argument("--seed", type=int, default=0, help="seed of the request mix")
+    ap.add_argument("--recompile-limit", type=int, default=None,
+                    help="diagnostic: torch._dynamo.config.recompile_limit in the server (default: torch's, 8)")
     ap.add_argument("--start-timeout", type=float, default=900, help="seconds the server may take to compile and listen")
     ap.add_argument("--out", default="soak.json", help="JSON results")
     return ap.parse_args(argv)
@@ -197,7 +199,8 @@ def main(argv=None) -> int:
     sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, args.setting)
     summary = {"args": vars(args), "server_args": sargs}
     try:
-        with Server(sargs, name="soak-server", start_timeout=args.start_timeout) as server:
+        with Server(sargs, name="soak-server", start_timeout=args.start_timeout,
+                    recompile_limit=args.recompile_limit) as server:
             out = asyncio.run(soak(server, refs, reqs, args))
             alive = server.alive()
             summary.update(check(out, refs, alive))
