@@ -79,8 +79,11 @@ class Server:
     def start(self) -> Server:
         cmd = [sys.executable, "-m", "eagle_fx.cli"]
         if self.recompile_limit is not None:
-            cmd = [sys.executable, "-c", "import sys, torch._dynamo.config as c; c.recompile_limit = int(sys.argv.pop(1)); "
-                   "from eagle_fx.cli import main; main()", str(self.recompile_limit)]
+            # the default, not c.recompile_limit = N: dynamo's config overrides are thread-local (torch 2.13),
+            # and the engine runs on a thread of its own
+            cmd = [sys.executable, "-c", "import sys, torch._dynamo.config as c; "
+                   "c._config['recompile_limit'].default = int(sys.argv.pop(1)); from eagle_fx.cli import main; main()",
+                   str(self.recompile_limit)]
         cmd += ["serve", "--host", "127.0.0.1", "--port", "0", *self.args]
         log(f"{self.name}: starting {' '.join(cmd[1:])} (log {self.log_path})")
         self._log = open(self.log_path, "w")

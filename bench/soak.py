@@ -161,6 +161,7 @@ def check(out: dict, refs, server_alive: bool) -> dict:
             mismatches.append({"i": r["req"]["i"], "status": r.get("status"), "error": r.get("error"),
                                "finish_reason": r.get("finish_reason"), "got_len": len(got), "want_len": len(want),
                                "first_diff": first, "got": got[first:first + 5], "want": want[first:first + 5]})
+    errored = sum(1 for r in ok if r.get("error") is not None or r.get("status") != 200)
     aborted_prefix_ok = sum(1 for r in aborted if r["ids"] == refs[tuple(r["req"]["prompt"])][:len(r["ids"])])
     bad_400 = sum(1 for r in bad if r.get("status") == 400)
     bad_wrong = [{"kind": r["req"]["malformed"], "status": r.get("status"), "error": r.get("error")}
@@ -177,7 +178,7 @@ def check(out: dict, refs, server_alive: bool) -> dict:
               "kv_blocks_used_0": end["kv_cache_blocks_used"] == 0, "running_0": end["num_requests_running"] == 0,
               "waiting_0": end["num_requests_waiting"] == 0}
     return {"checks": checks, "passed": all(checks.values()), "completed": len(ok), "completed_exact": exact,
-            "mismatches": mismatches, "aborted": len(aborted), "aborted_prefix_exact": aborted_prefix_ok,
+            "completed_errors": errored, "completed_wrong_tokens": len(ok) - exact - errored, "mismatches": mismatches, "aborted": len(aborted), "aborted_prefix_exact": aborted_prefix_ok,
             "aborts_planned": sum(1 for r in results if r["req"]["kind"] == "abort"),
             "malformed": len(bad), "malformed_400": bad_400, "malformed_wrong": bad_wrong, "end_metrics": end,
             "settle_s": out["settle_s"], "rss_mb_series": rss, "rss_growth_from_200_mb": growth,
@@ -220,7 +221,8 @@ def main(argv=None) -> int:
     print(f"soak: {args.num_requests} requests, concurrency {args.concurrency}, backend {args.backend}, "
           f"{s['wall_s']:.0f} s, {s['output_tokens']} output tokens ({s['tok_s']:.1f} tok/s), acceptance "
           f"{'-' if s['acceptance'] is None else format(s['acceptance'], '.2f')}")
-    print(f"  completed streams exact vs HF greedy: {s['completed_exact']}/{s['completed']}")
+    print(f"  completed streams exact vs HF greedy: {s['completed_exact']}/{s['completed']} (not exact: "
+          f"{s['completed_errors']} ended with an error, {s['completed_wrong_tokens']} with wrong tokens)")
     print(f"  aborted mid-stream: {s['aborted']} (planned {s['aborts_planned']}; the rest finished within their "
           f"chunks), their partial output a prefix of HF greedy: {s['aborted_prefix_exact']}/{s['aborted']}")
     print(f"  malformed -> 400: {s['malformed_400']}/{s['malformed']}" +
