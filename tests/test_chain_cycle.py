@@ -211,3 +211,35 @@ def test_one_compiled_cycle_serves_every_sampling_setting():
     assert after_first >= 1 and len(compiles) == after_first  # the compiled cycle ran, and only once per shape
     assert [first] + rest == eager
     assert len({tuple(map(tuple, e)) for e in eager}) == 3  # the settings do change the samples: the test can fail
+
+
+def test_compiled_cycles_of_every_k_and_setting_do_not_share_one_recompile_budget():
+    """The serving engine runs several k on one model: compiled cycles for k = 0..3, one sequence and
+    several, greedy and sampling, are more variants than dynamo's recompile limit (8) allows one
+    code object; each variant has a code object of its own, so none is refused (it was:
+    FailOnRecompileLimitHit)."""
+    from eagle_fx.runtime.chain_cycle import ChainCycle
+    from eagle_fx.runtime.sampling import Sampler
+
+    model = eagle_fx.compile(tiny_base("llama1"), tiny_draft("llama1", "eagle"), num_spec_tokens=3, max_batch_size=2,
+                             max_seq_len=64)
+    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    long = dict(dtype=torch.long)
+    spec = model.spec
+    for k in range(4):
+        cycle = ChainCycle(graphs, model.signatures, spec, k, model.draft_offset, model.options.block_size,
+                           compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True,
+                                                             dynamic=True))
+        for num_seqs, sampler in [(1, Sampler()), (2, Sampler()), (2, Sampler.for_call(0.8, 1.0, 0, 1, "cpu"))]:
+            table = torch.arange(2 * num_seqs, **long).view(num_seqs, 2)
+            cycle(model.executor, sampler, torch.zeros(num_seqs, **long), torch.full((num_seqs,), 5, **long), table,
+                  torch.arange(num_seqs, **long), torch.zeros(num_seqs, spec.vocab_size),
+                  torch.zeros(num_seqs, spec.draft_hidden_size))
+    assert len(compiles) == 4 * 3  # every variant compiled once, none refused

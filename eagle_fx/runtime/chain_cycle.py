@@ -25,6 +25,7 @@ uniforms; both noise tensors come from the call's generator outside the graph.
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass
 from functools import partial
 
@@ -132,11 +133,30 @@ def call_graphs(graphs: dict, signatures: dict, pools: dict, graph: str, values:
     return graphs[graph](**signature.select({**pools["base" if signature.is_base else "draft"], **values}))
 
 
-def _compiled_cycle(graphs, signatures, spec, settings, pools, pending, committed_len, block_table, spec_rows,
-                    draft_logits, draft_hidden, noise):
-    run = partial(call_graphs, graphs, signatures, pools)
-    return chain_cycle(run, spec, settings, pending, committed_len, block_table, spec_rows, draft_logits,
-                       draft_hidden, noise)
+def _compiled_cycle(graphs, signatures, spec, settings):
+    """The function a compiled cycle traces: the step graphs called directly on the pools."""
+
+    def cycle(pools, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden, noise):
+        run = partial(call_graphs, graphs, signatures, pools)
+        return chain_cycle(run, spec, settings, pending, committed_len, block_table, spec_rows, draft_logits,
+                           draft_hidden, noise)
+
+    return cycle
+
+
+def _own_code(fn, settings: CycleSettings):
+    """fn (a plain function, not a partial: torch.compile wraps those in one shared function) with a
+    code object of its own. torch.compile keeps its compiled variants per code object and gives up
+    past dynamo's recompile limit (8): every k and sampling variant of every model (the serving
+    engine runs several k on one model: two variants each, one sequence and several) would
+    otherwise pile onto one code object, and each call would check the guards of every variant
+    before its own."""
+    name = (f"chain_cycle_k{settings.num_spec_tokens}_o{settings.draft_offset}_b{settings.block_size}"
+            f"{'_sampling' if settings.sampling else ''}{'_forced' if settings.forced_drafts else ''}"
+            f"{'_coin' if settings.synthetic_acceptance is not None else ''}")
+    code = fn.__code__.replace(co_name=name, co_qualname=name) if hasattr(fn.__code__, "co_qualname") else \
+        fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
 class ChainCycle:
@@ -178,7 +198,7 @@ class ChainCycle:
     def _compiled(self, settings: CycleSettings):
         fn = self._fns.get(settings)
         if fn is None:
-            fn = partial(_compiled_cycle, self.graphs, self.signatures, self.spec, settings)
+            fn = _own_code(_compiled_cycle(self.graphs, self.signatures, self.spec, settings), settings)
             fn = self._compiler(fn)
             self._fns[settings] = fn
         return fn

@@ -92,7 +92,8 @@ class Engine:
             ks = [0]
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
         self.adaptive = len(ks) > 1
-        self.cycles = {k: model.chain_cycle_for(k) for k in ks}
+        # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
+        self.cycles = {k: model.chain_cycle if k == k_max else model.chain_cycle_for(k) for k in ks}
         self.kv, self.executor, self.device = model.kv_cache, model.executor, model.device
         self.collapse_window, self.collapse_threshold, self.probe_after = collapse_window, collapse_threshold, probe_after
         self.resume_window = resume_window
