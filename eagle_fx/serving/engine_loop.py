@@ -11,7 +11,8 @@ of the request's outputs, ending after the finished one) once the engine accepte
 engine's ValueError (prompt too long, ids outside the vocabulary, bad parameters) is raised there.
 If `engine.step()` raises, every in-flight request fails with `EngineError` (its stream raises it),
 the engine is asked to abort them, and the loop goes on; after `MAX_CONSECUTIVE_STEP_FAILURES`
-failures in a row it stops, and later submissions fail with `EngineError` at once.
+failures without a token decoded in between it stops (/health then answers 503), and later
+submissions fail with `EngineError` at once.
 """
 from __future__ import annotations
 
@@ -176,7 +177,8 @@ class EngineLoop:
                         self._drain_after_death()
                         return
                     continue
-                failures = 0
+                if any(o.new_token_ids for o in outputs):  # decoding works (a prefill-only step proves nothing)
+                    failures = 0
                 self._deliver(outputs)
                 if self._streams and not self.engine.has_unfinished():
                     self._fail_all(EngineError("the engine dropped the request without finishing it"), abort=False)
