@@ -42,11 +42,12 @@ from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
 from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, StepCosts, choose_k
+from eagle_fx.serving.cost_probe import measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
+from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState
 
 log = logging.getLogger("eagle_fx.serving")
-OFF_REASONS = ("cost", "acceptance_collapse")
 
 
 class Engine:
@@ -98,9 +99,8 @@ class Engine:
         self.collapse_window, self.collapse_threshold, self.probe_after = collapse_window, collapse_threshold, probe_after
         self.resume_window = resume_window
         slots, spec, long = model.options.max_batch_size, model.spec, dict(dtype=torch.long, device=model.device)
-        draft_vocab = spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]
+        draft_vocab = (spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]) if model.speculates else 0
         draft_hidden = spec.draft_hidden_size if model.speculates else 0
-        draft_vocab = draft_vocab if model.speculates else 0
         # per slot, on the device: what the next cycle of that slot's request reads
         self.pending = torch.zeros(slots, **long)
         self.committed = torch.zeros(slots, **long)
@@ -297,8 +297,8 @@ class Engine:
             if not r.speculating and r.off_reason == "acceptance_collapse" and len(r.output) >= r.probe_at:
                 r.speculating, r.off_reason = True, None
                 r.watch.clear()
-        spec = [r for r in self.running if r.speculating and self._can_speculate(r)]
-        off = [r for r in self.running if not (r.speculating and self._can_speculate(r))]
+        spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
+        off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
         k = self.pick_k(spec, off) if self.adaptive and spec else self.ks[0]
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["cost"] += 1
@@ -323,7 +323,7 @@ class Engine:
         rates = [r.acceptance.rates(prior) for r in spec]
         return choose_k(self.ks, self.costs, rates, len(off), self.current_k)
 
-    def _can_speculate(self, request) -> bool:
+    def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
         return request.committed - request.draft_upto < self.resume_window
 
@@ -399,9 +399,10 @@ class Engine:
         for r in group:
             r.draft_upto = r.committed
 
-    # ------------------------------------------------------------------ helpers
     def _table(self, slots: torch.Tensor, longest: int) -> torch.Tensor:
         """The slots' block tables, as wide as `longest` committed tokens + one cycle need (at least 2)."""
+        if self.model.static_steps:  # static buffers hold whole rows
+            return self.tables[slots]
         width = max(self.kv.table_width(longest + self.model.lookahead + self.model.draft_offset), 2)
         width = min(width, self.kv.blocks_per_seq) if self.kv.blocks_per_seq >= 2 else width
         return self.tables[slots, :width].contiguous()
@@ -441,26 +442,9 @@ class Engine:
 
     # ------------------------------------------------------------------ costs and metrics
     def measure_costs(self, batch_sizes=None, repeats: int = 3) -> dict:
-        from eagle_fx.serving.cost_probe import measure_cycle_costs
-
+        """Cycle costs per (k, batch size) into self.costs (eagle_fx.serving.cost_probe)."""
         return measure_cycle_costs(self, batch_sizes, repeats)
 
     def metrics(self) -> dict:
-        st = self.stats
-        off = dict.fromkeys(OFF_REASONS, 0)
-        for r in self.running:
-            if not (r.speculating and self._can_speculate(r)):
-                off[r.off_reason or "cost"] += 1
-            elif self.current_k == 0:
-                off["cost"] += 1
-        allocator = self.kv.allocator
-        return dict(
-            num_requests_running=self.num_running, num_requests_waiting=self.num_waiting,
-            kv_blocks_used=allocator.num_blocks - allocator.num_free, kv_blocks_total=allocator.num_blocks,
-            spec_decode_num_drafts=st.num_drafts, spec_decode_num_draft_tokens=st.num_draft_tokens,
-            spec_decode_num_accepted_tokens=st.num_accepted_tokens,
-            spec_decode_num_accepted_tokens_per_pos=list(st.accepted_per_pos),
-            prompt_tokens_total=self.prompt_tokens, generation_tokens_total=self.generation_tokens,
-            request_success_total=dict(self.finished_by_reason), speculation_off=off,
-            speculation_off_events_total=dict(self.off_events), num_preemptions_total=0,
-            prefix_cache_hit_tokens_total=st.prefix_hit_tokens_base, num_spec_tokens_current=self.current_k)
+        """A snapshot of the counters /metrics shows (eagle_fx.serving.prometheus names them)."""
+        return engine_metrics(self)

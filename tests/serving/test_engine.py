@@ -67,7 +67,7 @@ def test_greedy_requests_joining_a_running_batch_equal_hf_greedy(pair, model, en
     tok, base, _, prompts = pair
     n = 24
     engine = {"fixed3": lambda: Engine(model, tok, speculation=3),
-              "scripted": lambda: Scripted(model, tok, measure=False),
+              "scripted": lambda: Scripted(model, tok, ks=[0, 1, 2, 3], measure=False),
               "adaptive": lambda: Engine(model, tok, speculation="adaptive")}[engine_kind]()
     if engine_kind == "scripted":
         engine.costs.observe(0, 1, 1.0)

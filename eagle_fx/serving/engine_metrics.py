@@ -1,0 +1,27 @@
+"""The serving engine's counters as one snapshot (what /metrics shows; eagle_fx.serving.prometheus
+names them): requests running and waiting, KV blocks, vLLM's spec-decode counters, tokens,
+finished requests per reason, speculation off per reason."""
+from __future__ import annotations
+
+OFF_REASONS = ("cost", "acceptance_collapse")
+
+
+def engine_metrics(engine) -> dict:
+    st = engine.stats
+    off = dict.fromkeys(OFF_REASONS, 0)
+    for r in engine.running:
+        if not (r.speculating and engine.can_speculate(r)):
+            off[r.off_reason or "cost"] += 1
+        elif engine.current_k == 0:
+            off["cost"] += 1
+    allocator = engine.kv.allocator
+    return dict(
+        num_requests_running=engine.num_running, num_requests_waiting=engine.num_waiting,
+        kv_blocks_used=allocator.num_blocks - allocator.num_free, kv_blocks_total=allocator.num_blocks,
+        spec_decode_num_drafts=st.num_drafts, spec_decode_num_draft_tokens=st.num_draft_tokens,
+        spec_decode_num_accepted_tokens=st.num_accepted_tokens,
+        spec_decode_num_accepted_tokens_per_pos=list(st.accepted_per_pos),
+        prompt_tokens_total=engine.prompt_tokens, generation_tokens_total=engine.generation_tokens,
+        request_success_total=dict(engine.finished_by_reason), speculation_off=off,
+        speculation_off_events_total=dict(engine.off_events), num_preemptions_total=0,
+        prefix_cache_hit_tokens_total=st.prefix_hit_tokens_base, num_spec_tokens_current=engine.current_k)
