@@ -30,7 +30,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                              "acceptance; fixed: always --num-spec-tokens")
     parser.add_argument("--adaptive-ks", default=None,
                         help="comma list of the k values adaptive speculation chooses from, e.g. 0,1,3 (0 is always "
-                             "added; default: every k from 0 to --num-spec-tokens)")
+                             "added; default: 0, 1 and --num-spec-tokens; each k is a compiled cycle, minutes of compile with inductor)")
     parser.add_argument("--admission", choices=["continuous", "waves"], default="continuous",
                         help="continuous: a request joins the running batch as soon as a slot and KV blocks are "
                              "free; waves: requests are admitted only when nothing runs, up to --max-batch-size at "
@@ -61,7 +61,7 @@ def check_args(args) -> None:
 
 
 def adaptive_ks(args):
-    """--adaptive-ks as a sorted list of ints (None: the engine's default, every k 0..--num-spec-tokens)."""
+    """--adaptive-ks as a sorted list of ints (None: the engine's default, 0, 1 and --num-spec-tokens)."""
     if getattr(args, "adaptive_ks", None) is None:
         return None
     try:
@@ -98,7 +98,7 @@ def run(args) -> None:
 
     def ready(host: str, port: int) -> None:
         ks = adaptive_ks(args)
-        spec = f"speculation {speculation}" + ((f", k in {ks}" if ks else f", k <= {args.num_spec_tokens}")
+        spec = f"speculation {speculation}" + ((f", k in {ks}" if ks else f", k in {sorted({0, min(1, args.num_spec_tokens), args.num_spec_tokens})}")
                                                if speculation == "adaptive" else "")
         print(f"eagle-fx serve: ready on http://{host}:{port} (model {model_name}, backend {args.backend}, {spec}, "
               f"admission {args.admission}, max batch {args.max_batch_size}, max seq len {args.max_seq_len}, "
