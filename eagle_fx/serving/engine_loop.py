@@ -246,12 +246,12 @@ class EngineLoop:
     def _fail_all(self, error: Exception, abort: bool) -> None:
         streams, self._streams = self._streams, {}
         for request_id, stream in streams.items():
-            stream.put_threadsafe(error)
-            if abort:
+            if abort:  # freed in the engine before the client hears of it
                 try:
                     self.engine.abort(request_id)
                 except Exception:  # noqa: BLE001
                     log.exception("engine.abort(%r) failed after a step failure", request_id)
+            stream.put_threadsafe(error)
 
     def _refuse(self, command: tuple, error: Exception) -> None:
         if command[0] == "add":
