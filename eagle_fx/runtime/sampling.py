@@ -71,8 +71,24 @@ class Warping:
         return warp(logits, *(t.view(b, *extra) for t in (self.temperature, self.top_k, self.top_p)))
 
 
+class Picking:
+    """What Sampler and RowSampler share: the warped distribution and the base's token, over their
+    own warping() and race() (the noise)."""
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, ..., V] -> the warped distribution (row b's settings on logits[b])."""
+        return self.warping(logits.shape[0], logits.device).probs(logits)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """The base's token from its logits [B, V]: argmax, or a race sample from the warped distribution."""
+        if self.is_greedy:
+            return greedy(logits)
+        probs = self.probs(logits)
+        return race_sample(probs, self.race(probs.shape, logits.device))
+
+
 @dataclass
-class Sampler:
+class Sampler(Picking):
     """One generate call's token selection. temperature 0: greedy (generator None)."""
 
     temperature: float = 0.0
@@ -107,10 +123,6 @@ class Sampler:
                        torch.full((num_rows,), self.top_k, dtype=torch.long, device=device),
                        torch.full((num_rows,), self.top_p, dtype=torch.float32, device=device))
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [B, ..., V] -> this call's warped distribution."""
-        return self.warping(logits.shape[0], logits.device).probs(logits)
-
     def select(self, rows: list[int]) -> "Sampler":
         """The sampler of a subset of rows (one call's settings serve every row: itself)."""
         return self
@@ -123,16 +135,10 @@ class Sampler:
         """[num_rows, ...] Exp(1) draws for race_sample, from this call's generator."""
         return race_noise(shape, self.generator, device)
 
-    def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        """The base's token from its logits [B, V]: argmax, or a race sample from the warped distribution."""
-        if self.is_greedy:
-            return greedy(logits)
-        probs = self.probs(logits)
-        return race_sample(probs, self.race(probs.shape, logits.device))
 
 
 @dataclass
-class RowSampler:
+class RowSampler(Picking):
     """Each row its own settings and generator (the serving engine: one row per request). A row at
     temperature 0 is greedy (its noise is a constant: the warped p is one-hot). The noise of a row
     comes from its own generator only, so a seeded row draws the same numbers whatever rows it is
@@ -168,12 +174,3 @@ class RowSampler:
 
     def race(self, shape, device) -> torch.Tensor:
         return self._per_row(shape, device, lambda g: race_noise(tuple(shape[1:]), g, device), 1.0)
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.warping(logits.shape[0], logits.device).probs(logits)
-
-    def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.is_greedy:
-            return greedy(logits)
-        probs = self.probs(logits)
-        return race_sample(probs, self.race(probs.shape, logits.device))

@@ -148,20 +148,28 @@ def run_wave(model, call: GenerateCall, wave: Wave) -> list[list[int]]:
         kv.release(wave.blocks)
 
 
+def decode_width(model, longest: int) -> int:
+    """Blocks a cycle's table needs: the longest sequence's committed tokens (`longest`, known on the
+    host) and one cycle's lookahead. The decode-step attention reads every key of its table row, so
+    a narrower table is less work; its width is a dynamic size of the compiled graphs."""
+    return model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
+
+
+def decode_columns(model, full_rows: torch.Tensor, longest: int) -> torch.Tensor:
+    """full_rows (whole block-table rows) cut to decode_width columns, with standard strides (no
+    stride guard); the whole rows with static buffers."""
+    if model.static_steps:
+        return full_rows
+    return full_rows[:, :decode_width(model, longest)].clone(memory_format=torch.contiguous_format)
+
+
 def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int,
                  previous: torch.Tensor | None = None) -> torch.Tensor:
-    """The block table of the wave's sequences `rows` for the next cycle: as many blocks as the
-    longest one's committed tokens (`longest`, known on the host) and one cycle's lookahead need,
-    or the whole row with static buffers. The decode-step attention reads every key of its table
-    row, so a narrower table is less work; its width is a dynamic size of the compiled graphs.
+    """The block table of the wave's sequences `rows` for the next cycle (decode_columns).
     previous: these rows' table of the last cycle, returned as it is when the width still holds."""
-    if model.static_steps:
-        return wave.blocks.block_table[rows]
-    width = model.kv_cache.table_width(longest + model.lookahead + model.draft_offset)
-    if previous is not None and previous.shape[1] == width:  # the same rows' table, as wide: reuse it
-        return previous
-    table = wave.blocks.block_table[rows][:, :width]
-    return table.clone(memory_format=torch.contiguous_format)  # standard strides: no stride guard
+    if previous is not None and not model.static_steps and previous.shape[1] == decode_width(model, longest):
+        return previous  # the same rows' table, as wide: reuse it
+    return decode_columns(model, wave.blocks.block_table[rows], longest)
 
 
 def enter_draft(model, profiler, tables, first, rows, pending, committed_len, block_table, spec_rows):

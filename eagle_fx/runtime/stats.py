@@ -57,11 +57,12 @@ class SpecDecodeStats:
         if self.draft_tokens_per_step is None:
             self.draft_tokens_per_step = self.num_spec_tokens
 
-    def record(self, accepted: list[int]) -> None:
-        """One verification step: `accepted[s]` tokens accepted for each sequence that had drafts."""
+    def record(self, accepted: list[int], drafted: int | None = None) -> None:
+        """One verification step: `accepted[s]` tokens accepted for each sequence that had drafts,
+        `drafted` tokens drafted for each (default: draft_tokens_per_step; the serving engine's k varies)."""
         for a in accepted:
             self.num_drafts += 1
-            self.num_draft_tokens += self.draft_tokens_per_step
+            self.num_draft_tokens += self.draft_tokens_per_step if drafted is None else drafted
             self.num_accepted_tokens += a
             for j in range(a):
                 self.accepted_per_pos[j] += 1

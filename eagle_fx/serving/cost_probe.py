@@ -8,13 +8,7 @@ import time
 
 import torch
 
-
-def batch_sizes_up_to(slots: int) -> list[int]:
-    sizes, b = [], 1
-    while b < slots:
-        sizes.append(b)
-        b *= 2
-    return sizes + [slots]
+from eagle_fx.runtime.static_buffers import buckets
 
 
 @torch.no_grad()
@@ -22,7 +16,7 @@ def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 3, context: int
     """Median seconds of `repeats` cycles per (k, batch size) into engine.costs; returns the table."""
     model, kv = engine.model, engine.kv
     slots = model.options.max_batch_size
-    batch_sizes = batch_sizes or batch_sizes_up_to(slots)
+    batch_sizes = batch_sizes or buckets(slots)
     context = min(context, model.options.max_seq_len - 1)
     width = max(kv.table_width(context + model.lookahead + model.draft_offset), 2)
     long = dict(dtype=torch.long, device=model.device)

@@ -39,7 +39,7 @@ import torch
 from eagle_fx.runtime.kv_cache import PoolExhausted, WaveBlocks
 from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
-from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, enter_draft
+from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
 from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, StepCosts, choose_k
 from eagle_fx.serving.cost_probe import measure_cycle_costs
@@ -364,19 +364,14 @@ class Engine:
                 r.draft_upto = r.committed
                 self._record(r, k, a)
             elif not self.adaptive:  # fixed k = 0: every cycle a step of no drafts (vLLM's count, generate's)
-                self.stats.num_drafts += 1
+                self.stats.record([0], 0)
             if self._emit(r, new, outputs):
                 final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
                 self.running.remove(r)
                 self._finish(r, final=final)
 
     def _record(self, r: Request, k: int, a: int) -> None:
-        st = self.stats
-        st.num_drafts += 1
-        st.num_draft_tokens += k
-        st.num_accepted_tokens += a
-        for j in range(a):
-            st.accepted_per_pos[j] += 1
+        self.stats.record([a], k)
         r.acceptance.record(k, a)
         self.acceptance.record(k, a)
         if r.watch.record(a, k) and self.adaptive:
@@ -400,12 +395,8 @@ class Engine:
             r.draft_upto = r.committed
 
     def _table(self, slots: torch.Tensor, longest: int) -> torch.Tensor:
-        """The slots' block tables, as wide as `longest` committed tokens + one cycle need (at least 2)."""
-        if self.model.static_steps:  # static buffers hold whole rows
-            return self.tables[slots]
-        width = max(self.kv.table_width(longest + self.model.lookahead + self.model.draft_offset), 2)
-        width = min(width, self.kv.blocks_per_seq) if self.kv.blocks_per_seq >= 2 else width
-        return self.tables[slots, :width].contiguous()
+        """The slots' block tables for a cycle of sequences up to `longest` committed tokens."""
+        return decode_columns(self.model, self.tables[slots], longest)
 
     def _sampler(self, group: list[Request]):
         if self.call is not None:
