@@ -92,7 +92,8 @@ class GrammarCompiler:
             stop_token_ids = [tokenizer.eos_token_id]
         stop_token_ids = [int(t) for t in stop_token_ids]
         if not stop_token_ids or not all(0 <= t < vocab_size for t in stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-empty ids below vocab_size={vocab_size}, got {stop_token_ids}")
+            raise ValueError(f"stop_token_ids must be non-empty ids below vocab_size={vocab_size}, "
+                             f"got {stop_token_ids}")
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(stop_token_ids)
         self.any_whitespace = bool(any_whitespace)

@@ -84,7 +84,8 @@ def test_bad_input(kwargs, message):
 
 
 @pytest.mark.parametrize("kind, source, error", [
-    ("yaml", "a: 1", ValueError), ("regex", b"a", TypeError), ("json_object", "{}", ValueError), ("regex", "", ValueError),
+    ("yaml", "a: 1", ValueError), ("regex", b"a", TypeError), ("json_object", "{}", ValueError),
+    ("regex", "", ValueError),
 ])
 def test_bad_grammar_spec(kind, source, error):
     with pytest.raises(error):
