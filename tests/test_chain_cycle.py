@@ -243,3 +243,33 @@ def test_compiled_cycles_of_every_k_and_setting_do_not_share_one_recompile_budge
                   torch.arange(num_seqs, **long), torch.zeros(num_seqs, spec.vocab_size),
                   torch.zeros(num_seqs, spec.draft_hidden_size))
     assert len(compiles) == 4 * 3  # every variant compiled once, none refused
+
+
+def test_a_compiled_cycle_called_on_a_view_is_not_traced_again_for_a_tensor_that_is_not_one():
+    """dynamo guards a view's base: the serving engine's cost probe passed a table made by .view()
+    and serving passes cut-and-copied ones, so every k compiled at the probe was traced again inside
+    the first requests (25-45 s of inductor each). Views get storage of their own before the call."""
+    from eagle_fx.runtime.chain_cycle import ChainCycle
+    from eagle_fx.runtime.sampling import Sampler
+
+    model = eagle_fx.compile(tiny_base("llama1"), tiny_draft("llama1", "eagle"), num_spec_tokens=2, max_batch_size=2,
+                             max_seq_len=64)
+    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    long, spec = dict(dtype=torch.long), model.spec
+    cycle = ChainCycle(graphs, model.signatures, spec, 2, model.draft_offset, model.options.block_size,
+                       compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True))
+    logits, hidden = torch.zeros(4, spec.vocab_size), torch.zeros(4, spec.draft_hidden_size)
+    tables = [torch.arange(6, **long).view(2, 3),  # a view of a longer tensor
+              torch.arange(6, **long).view(2, 3)[:, :2],  # a cut of one
+              torch.tensor([[0, 1], [2, 3]], **long)]  # and tensors of their own
+    for table in tables:
+        cycle(model.executor, Sampler(), torch.zeros(4, **long)[:2], torch.full((2,), 5, **long), table,
+              torch.arange(2, **long), logits[:2], hidden[2:])
+    assert len(compiles) == 1

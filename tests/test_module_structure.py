@@ -101,3 +101,16 @@ def test_no_module_over_the_line_limit():
     long = {str(path.relative_to(ROOT)): n for path in project_modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject's [tool.setuptools] packages names each package folder (a folder left out is missing
+    from a built wheel, though an editable install still finds it: eagle_fx.runtime was)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = set()
+    for package, folder in PACKAGES.items():
+        for init in folder.rglob("__init__.py"):
+            folders.add(".".join([package, *init.parent.relative_to(folder).parts]))
+    assert folders - listed == set()

@@ -159,6 +159,13 @@ def _own_code(fn, settings: CycleSettings):
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
+def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """tensor, or a copy when it is a view: dynamo guards a view's base (its size), so a compiled
+    cycle traced on a view (a table cut from a longer one) is traced again for the first tensor
+    that is not one, and the other way round: in serving, 25-45 s of inductor inside a request."""
+    return tensor if tensor._base is None else tensor.clone()
+
+
 class ChainCycle:
     """A model's chain cycle. compile=True (backend="inductor" with the GraphModules at hand): a
     torch.compile'd variant per CycleSettings (greedy / sampling / forced drafts / the bench's coin:
@@ -234,9 +241,10 @@ class ChainCycle:
             if self.compiled_for(executor, tables, graph_by_graph):
                 if block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
                     block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
+                inputs = [_own_storage(t) for t in (pending, committed_len, block_table, spec_rows, draft_logits,
+                                                    draft_hidden)]
                 started = profiler.start() if profiler is not None else 0.0
-                out = self._compiled(settings)(executor.kv_cache.pools_by_side(), pending, committed_len, block_table,
-                                               spec_rows, draft_logits, draft_hidden, noise)
+                out = self._compiled(settings)(executor.kv_cache.pools_by_side(), *inputs, noise)
                 if profiler is not None:
                     profiler.stop(CHAIN_CYCLE, started)
                 return out
