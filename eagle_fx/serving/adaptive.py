@@ -6,8 +6,11 @@ Expected tokens of one cycle at k for a request whose conditional acceptance at 
 acceptance at position j does not depend on k). The batch's rate at k is sum_r E_r(k) / cost(k, B);
 the k with the largest rate runs (k = 0: plain decoding, E = 1). Costs are the measured seconds of
 one cycle (draft steps + verify + extend, host read included) per (k, batch size): measured at
-warm-up over powers of two and kept current with every cycle (an exponential moving average);
-between measured sizes they are interpolated linearly.
+warm-up over powers of two and kept current with every cycle (the median of the last few, so a stall
+does not stick); between measured sizes they are interpolated linearly. A step also costs seconds
+outside its cycles that grow with its requests and not with k (the engine's bookkeeping, a server's
+delivery of each output): measured between cycles, they are added to every k's cycle, which is what
+lets a larger k amortise them.
 
 Acceptance per request is kept as decayed counts (recent cycles weigh more), with the engine's
 own decayed counts over every request as the prior of a new request (before any: PRIOR_ACCEPTANCE).
@@ -15,6 +18,7 @@ own decayed counts over every request as the prior of a new request (before any:
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -60,28 +64,30 @@ def expected_tokens(rates: list[float], k: int) -> float:
     return total
 
 
-class StepCosts:
-    """Seconds of one cycle per (k, batch size): measured, smoothed, interpolated."""
+class SizeCosts:
+    """Seconds of something per batch size: the median of its last `window` measurements (one stall,
+    a page fault or a GC, does not move it), interpolated between measured sizes."""
 
-    def __init__(self, smoothing: float = 0.2):
-        self.smoothing = smoothing
-        self._seconds: dict[int, dict[int, float]] = {}
+    def __init__(self, window: int = 5):
+        self.window = window
+        self._recent: dict[int, deque] = {}
 
-    def observe(self, k: int, batch: int, seconds: float) -> None:
-        table = self._seconds.setdefault(k, {})
-        old = table.get(batch)
-        table[batch] = seconds if old is None else old + self.smoothing * (seconds - old)
+    def observe(self, batch: int, seconds: float) -> None:
+        self._recent.setdefault(batch, deque(maxlen=self.window)).append(seconds)
 
-    def measured(self) -> dict[int, dict[int, float]]:
-        return {k: dict(sorted(t.items())) for k, t in sorted(self._seconds.items())}
+    def __bool__(self) -> bool:
+        return bool(self._recent)
 
-    def cost(self, k: int, batch: int) -> float:
+    def measured(self) -> dict[int, float]:
+        return {b: statistics.median(r) for b, r in sorted(self._recent.items())}
+
+    def cost(self, batch: int) -> float:
         """Interpolated linearly between the nearest measured sizes; past the largest, along the
         line through the two largest (never below the largest's cost); below the smallest, its cost."""
-        table = self._seconds.get(k)
+        table = self.measured()
         if not table:
-            raise KeyError(f"no cost measured for k={k}")
-        sizes = sorted(table)
+            raise KeyError("nothing measured")
+        sizes = list(table)
         if batch <= sizes[0]:
             return table[sizes[0]]
         if batch >= sizes[-1]:
@@ -94,16 +100,40 @@ class StepCosts:
         return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo)
 
 
-def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int) -> int:
+class StepCosts:
+    """Seconds of one cycle per (k, batch size): a SizeCosts per k."""
+
+    def __init__(self, window: int = 5):
+        self.window = window
+        self._by_k: dict[int, SizeCosts] = {}
+
+    def observe(self, k: int, batch: int, seconds: float) -> None:
+        self._by_k.setdefault(k, SizeCosts(self.window)).observe(batch, seconds)
+
+    def measured(self) -> dict[int, dict[int, float]]:
+        return {k: sizes.measured() for k, sizes in sorted(self._by_k.items())}
+
+    def cost(self, k: int, batch: int) -> float:
+        if k not in self._by_k:
+            raise KeyError(f"no cost measured for k={k}")
+        return self._by_k[k].cost(batch)
+
+
+def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int,
+             outside: SizeCosts | None = None) -> int:
     """The k for the speculating requests (their acceptance rates `spec_rates`), the `num_off`
     requests with speculation off running a k=0 cycle of their own beside them. k = 0 runs every
-    request in one plain cycle. The current k is kept unless another is HYSTERESIS faster."""
+    request in one plain cycle. outside: a step's seconds outside its cycles per running requests
+    (the engine's own work per request, and a server's delivery of each output), paid whatever k
+    runs, so it counts per step, as the cycle does. The current k is kept unless another is
+    HYSTERESIS faster."""
     total = len(spec_rates) + num_off
+    fixed = outside.cost(total) if outside else 0.0
 
     def rate(k: int) -> float:
         if k == 0 or not spec_rates:
-            return total / costs.cost(0, total)
-        seconds = costs.cost(k, len(spec_rates)) + (costs.cost(0, num_off) if num_off else 0.0)
+            return total / (costs.cost(0, total) + fixed)
+        seconds = costs.cost(k, len(spec_rates)) + (costs.cost(0, num_off) if num_off else 0.0) + fixed
         return (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
 
     rates = {k: rate(k) for k in ks}

@@ -41,7 +41,7 @@ from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, StepCosts, choose_k
+from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k
 from eagle_fx.serving.cost_probe import measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -119,7 +119,10 @@ class Engine:
         self.stats = call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
         self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
-        self.costs = StepCosts()
+        self.costs = StepCosts()  # seconds of a cycle per (k, batch size)
+        self.outside = SizeCosts()  # seconds of a step outside its cycles and prefill, per running requests
+        self._step_ended: float | None = None  # when the last step that left requests running ended
+        self._cycle_seconds = 0.0
         self.current_k = ks[-1]
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events = dict.fromkeys(OFF_REASONS, 0)
@@ -127,7 +130,7 @@ class Engine:
         self._ids = itertools.count()
         self._warned_collapse = False
         if self.adaptive and measure:
-            self.measure_costs()
+            measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
@@ -199,15 +202,23 @@ class Engine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         outputs = [r.progress([]) for r in self.aborted]
         for r in self.aborted:
             self._forget(r)
         self.aborted = []
         self._admit()
+        prefill_seconds = time.perf_counter()
         if self.prefilling:
             self._prefill_chunk(outputs)
+        prefill_seconds = time.perf_counter() - prefill_seconds
+        size, self._cycle_seconds = len(self.running), 0.0
         if self.running:
             self._decode(outputs)
+        ended = time.perf_counter()
+        if size and self._step_ended is not None:  # the seconds between cycles: since the last step, and in this one
+            self.outside.observe(size, ended - self._step_ended - prefill_seconds - self._cycle_seconds)
+        self._step_ended = ended if self.running else None  # else the caller may wait for requests: not a cost
         return outputs
 
     def _admit(self) -> None:
@@ -321,7 +332,7 @@ class Engine:
             return stale[0]
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
-        return choose_k(self.ks, self.costs, rates, len(off), self.current_k)
+        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -342,7 +353,9 @@ class Engine:
             graph_by_graph=self.call is not None and self.call.graph_by_graph)
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
-        self.costs.observe(k, size, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.costs.observe(k, size, seconds)
+        self._cycle_seconds += seconds
         self._cycles_run += 1
         self._last_run[(k, size)] = self._cycles_run
         accepted, next_token = host[:size], host[size:2 * size]
@@ -386,11 +399,9 @@ class Engine:
 
     def _catch_up(self, group: list[Request]) -> None:
         slots = [r.slot for r in group]
-        draft_logits, draft_hidden = catch_up_draft(self.model, group, self.features, slots, self.tables,
-                                                    self.resume_window)
-        long = dict(dtype=torch.long, device=self.device)
-        rows = torch.tensor(slots, **long)
-        self.draft_logits[rows], self.draft_hidden[rows] = draft_logits, draft_hidden
+        rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.draft_logits[rows], self.draft_hidden[rows] = catch_up_draft(self.model, group, self.features, slots,
+                                                                          self.tables, self.resume_window)
         for r in group:
             r.draft_upto = r.committed
 
@@ -430,11 +441,6 @@ class Engine:
     def _forget(self, r: Request) -> None:
         self.finished_by_reason[r.finish_reason] += 1
         self.requests.pop(r.request_id, None)
-
-    # ------------------------------------------------------------------ costs and metrics
-    def measure_costs(self, batch_sizes=None, repeats: int = 3) -> dict:
-        """Cycle costs per (k, batch size) into self.costs (eagle_fx.serving.cost_probe)."""
-        return measure_cycle_costs(self, batch_sizes, repeats)
 
     def metrics(self) -> dict:
         """A snapshot of the counters /metrics shows (eagle_fx.serving.prometheus names them)."""

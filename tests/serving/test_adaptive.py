@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, Acceptance, CollapseWatch, StepCosts, choose_k,
+from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k,
                                        expected_tokens)
 
 
@@ -36,25 +36,35 @@ def test_acceptance_counts_are_conditional_and_decayed():
 
 
 def test_costs_interpolate_between_measured_batch_sizes():
-    costs = StepCosts(smoothing=0.5)
+    costs = StepCosts()
     costs.observe(3, 1, 1.0)
     costs.observe(3, 4, 4.0)
     costs.observe(3, 8, 6.0)
     assert costs.cost(3, 2) == pytest.approx(2.0) and costs.cost(3, 6) == pytest.approx(5.0)
     assert costs.cost(3, 16) == pytest.approx(10.0)  # along the line through the two largest
-    costs.observe(3, 4, 2.0)  # smoothed: halfway
-    assert costs.cost(3, 4) == pytest.approx(3.0)
     with pytest.raises(KeyError):
         costs.cost(1, 4)
 
 
-def brute_force_k(ks, cost, rates, num_off):
+def test_a_cost_is_the_median_of_its_last_measurements():
+    costs = SizeCosts(window=5)
+    for seconds in (1.0, 1.2, 40.0, 0.9, 1.1):  # one stall (a recompile elsewhere, a GC)
+        costs.observe(4, seconds)
+    assert costs.cost(4) == pytest.approx(1.1)
+    for seconds in (2.0, 2.0, 2.0):  # the cost changed: three of five measurements say so
+        costs.observe(4, seconds)
+    assert costs.cost(4) == pytest.approx(2.0)
+    assert not SizeCosts() and costs
+
+
+def brute_force_k(ks, cost, rates, num_off, outside=lambda batch: 0.0):
     best, best_rate = None, -1.0
+    fixed = outside(len(rates) + num_off)
     for k in ks:
         if k == 0:
-            rate = (len(rates) + num_off) / cost(0, len(rates) + num_off)
+            rate = (len(rates) + num_off) / (cost(0, len(rates) + num_off) + fixed)
         else:
-            seconds = cost(k, len(rates)) + (cost(0, num_off) if num_off else 0)
+            seconds = cost(k, len(rates)) + (cost(0, num_off) if num_off else 0) + fixed
             rate = (sum(expected_tokens(r, k) for r in rates) + num_off) / seconds
         if rate > best_rate:
             best, best_rate = k, rate
@@ -75,6 +85,26 @@ def test_choose_k_maximises_tokens_per_second():
     # what it implies: speculate when alone and well accepted, not when the batch is large
     assert choose_k([0, 1, 2, 3], costs, [[0.9] * 3], 0, -1) == 3
     assert choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1) == 0
+
+
+def test_choose_k_counts_a_step_s_seconds_outside_its_cycles():
+    """A server's delivery of each output is paid per step whatever k runs: a larger k amortises it."""
+    def cost(k, batch):
+        return 1.0 + 0.05 * batch * (k + 1) + 0.3 * k
+
+    def outside(batch):
+        return 0.1 * batch
+
+    costs, outside_costs = StepCosts(), SizeCosts()
+    for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
+        costs.observe(k, b, cost(k, b))
+        outside_costs.observe(b, outside(b))
+    chosen = {}
+    for batch, acceptance, off in itertools.product([1, 4, 16, 64], [0.2, 0.6, 0.9], [0, 3]):
+        rates = [[acceptance] * 3] * batch
+        chosen[batch, acceptance, off] = choose_k([0, 1, 2, 3], costs, rates, off, -1, outside_costs)
+        assert chosen[batch, acceptance, off] == brute_force_k([0, 1, 2, 3], cost, rates, off, outside)
+    assert chosen[64, 0.6, 0] > choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1)  # k=0 without it
 
 
 def test_choose_k_keeps_the_current_k_within_the_hysteresis():

@@ -89,6 +89,9 @@ def test_greedy_requests_joining_a_running_batch_equal_hf_greedy(pair, model, en
     assert metrics["prefix_cache_hit_tokens_total"] > 0  # the repeated prompts came after their first ones finished
     if engine_kind != "adaptive":
         assert metrics["spec_decode_num_drafts"] > 0
+    else:  # the seconds between cycles, per running requests (what choose_k adds to every k's cycle)
+        outside = engine.outside.measured()
+        assert outside and set(outside) <= set(range(1, 5)) and min(outside.values()) >= 0
     assert sorted(engine.free_slots) == [0, 1, 2, 3]
 
 
