@@ -76,6 +76,10 @@ def run(args) -> dict:
             result = tree_vs_chain.run(args, base, draft, prompts, eos, backend)
         elif args.throughput_batch_sizes:
             result = throughput.run(args, model_dir, base, draft, tokenizer, prompts, backend)
+        elif args.response_format is not None:
+            from eagle_fx.bench.modes import structured  # (xgrammar: the optional 'structured' extra)
+
+            result = structured.run(args, tokenizer, base, draft, prompts, backend)
         else:
             result = main_mode.run(args, model_dir, eagle_dir, tokenizer, base, draft, prompts, backend)
     return _finish(args, result)

@@ -78,6 +78,10 @@ def add_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--json", default=None, metavar="PATH", help="write every figure to PATH")
     ap.add_argument("--plot", default=None, metavar="PATH",
                     help="write a PNG: acceptance per draft position and tokens/s per method (needs matplotlib)")
+    ap.add_argument("--response-format", default=None, metavar="FILE",
+                    help="structured output: FILE holds a JSON schema or an OpenAI response_format object; each batch "
+                         "runs with the grammar and without it in turn (tokens/s, acceptance, the matchers' host time "
+                         "per cycle; needs the 'structured' extra)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 
@@ -126,6 +130,8 @@ def check_args(args) -> None:
             args.num_prompts = 8
         if args.output_len == 64:
             args.output_len = 32
+    if args.response_format is not None:
+        _alone(args, "--response-format", "is a mode of its own (chains)", ("--temp",))
     if args.plot is not None:
         from eagle_fx.bench.plot import check_available
 
@@ -143,7 +149,8 @@ def _mode_flags(args) -> list[str]:
              ("--temp", args.temp > 0), ("--throughput-batch-sizes", args.throughput_batch_sizes is not None),
              ("--long-context", args.long_context is not None),
              ("--synthetic-acceptance", args.synthetic_acceptance is not None),
-             (f"--dataset-name {args.dataset_name}", args.dataset_name != "sharegpt")]
+             (f"--dataset-name {args.dataset_name}", args.dataset_name != "sharegpt"),
+             ("--response-format", args.response_format is not None)]
     return [flag for flag, on in flags if on]
 
 

@@ -38,6 +38,7 @@ from eagle_fx.runtime.sampling import Warping, greedy, race_sample
 from eagle_fx.runtime.stats import CHAIN_CYCLE
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
+from eagle_fx.structured.bitmask import mask_logits
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class CycleSettings:
     block_size: int
     sampling: bool = False  # False: every row greedy (no warping, no noise)
     forced_drafts: bool = False  # a test oracle's tokens replace the draft's where they are >= 0
+    grammar: bool = False  # drafts and verify under grammar masks (noise.masks; run as Python, never compiled)
     # the bench's real-proportions mode only: each draft position accepted by a coin of this
     # probability (from `uniforms`), not by matching; the output is then NOT the base's greedy
     synthetic_acceptance: float | None = None
@@ -62,6 +64,7 @@ class CycleNoise:
     uniforms: torch.Tensor | None = None  # [B, k] the acceptance test's (or the synthetic coin's)
     race: torch.Tensor | None = None  # [B, k+1, V] Exp(1): the draft tokens and the next token
     forced: torch.Tensor | None = None  # [B, k] forced draft tokens (-1: the draft's own)
+    masks: object = None  # eagle_fx.structured.cycle_masks.CycleMasks: each row's grammar (structured output)
 
 
 def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, committed_len: torch.Tensor,
@@ -79,7 +82,9 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
     def probs(logits, rows_per_seq: int):  # logits [B * rows, V] -> the warped distribution [B, rows, V]
         return noise.warping.probs(logits.view(num_seqs, rows_per_seq, -1))
 
-    def pick(logits, j):  # draft token j (target ids) and, when sampling, the distribution it was drawn from
+    def pick(logits, j, previous):  # draft token j (target ids) and, when sampling, the distribution it was drawn from
+        if settings.grammar:  # only tokens the grammar allows after the drafts so far (previous: the last one)
+            logits = mask_logits(logits, spec.to_draft_mask(noise.masks.draft_row(j, previous)))
         if settings.sampling:
             q = spec.to_target_probs(probs(logits, 1)[:, 0])
             token = race_sample(q, noise.race[:, j])
@@ -94,23 +99,27 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
         no_drafts = pending[:, None][:, :0]  # [B, 0]
         logits, features = run("verify", {**verify_inputs(pending, no_drafts, committed_len, block_table, block_size),
                                           **verify_extra})
+        if settings.grammar:
+            logits = mask_logits(logits, noise.masks.verify_rows(no_drafts).view(num_seqs, -1))
         if settings.sampling:
             next_token = race_sample(probs(logits, 1)[:, 0], noise.race[:, 0])
         else:
             next_token = greedy(logits)
         return torch.zeros_like(pending), next_token, no_drafts, draft_logits, draft_hidden, features[:, None]
-    token, q = pick(draft_logits, 0)
+    token, q = pick(draft_logits, 0, None)
     tokens, draft_probs, hidden = [token], [q], draft_hidden
     for j in range(1, k):
         position = committed_len - 1 + j + offset
         logits, hidden = run("draft_step", draft_step_inputs(token, position, hidden, block_table, spec_rows,
                                                              committed_len, block_size))
-        token, q = pick(logits, j)
+        token, q = pick(logits, j, token)
         tokens.append(token)
         draft_probs.append(q)
     drafts = torch.stack(tokens, dim=1)
     logits, features = run("verify", {**verify_inputs(pending, drafts, committed_len, block_table, block_size),
                                       **verify_extra})
+    if settings.grammar:  # row j: what the grammar allows after drafts[:j]
+        logits = mask_logits(logits, noise.masks.verify_rows(drafts).view(num_seqs * (k + 1), -1))
     if settings.synthetic_acceptance is not None:  # bench only: acceptance by a coin, cost as in a real cycle
         target = greedy(logits).view(num_seqs, k + 1)
         accepted = (noise.uniforms < settings.synthetic_acceptance).long().cumprod(dim=1).sum(dim=1)
@@ -217,13 +226,18 @@ class ChainCycle:
                 and not executor.observers)
 
     def __call__(self, executor, sampler, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden,
-                 *, tables=None, profiler=None, graph_by_graph: bool = False, forced: torch.Tensor | None = None):
+                 *, tables=None, profiler=None, graph_by_graph: bool = False, forced: torch.Tensor | None = None,
+                 masks=None):
         """One cycle of the sequences (see chain_cycle). sampler: the call's Sampler; tables: the
         wave's WaveTables (a vision-language base) or None; forced [B, k]: a test oracle's draft
-        tokens (-1: the draft's own; greedy only)."""
+        tokens (-1: the draft's own; greedy only); masks: the rows' grammar masks (a CycleMasks of
+        eagle_fx.structured; the cycle then runs as Python over the step graphs: the masks of draft
+        j+1 come from the host's matchers after draft j)."""
         settings = self.base_settings
         num_seqs, k, device = pending.shape[0], settings.num_spec_tokens, pending.device
-        noise = CycleNoise(forced=forced)
+        noise = CycleNoise(forced=forced, masks=masks)
+        if masks is not None:
+            settings = dataclasses.replace(settings, grammar=True)
         if forced is not None:
             if not sampler.is_greedy:
                 raise ValueError("forced draft tokens (a test oracle) run greedy only")
@@ -238,7 +252,7 @@ class ChainCycle:
         elif settings.synthetic_acceptance is not None:
             noise.uniforms = torch.rand(num_seqs, k, generator=self._coin, device=device)
         with torch.no_grad():
-            if self.compiled_for(executor, tables, graph_by_graph):
+            if self.compiled_for(executor, tables, graph_by_graph) and masks is None:
                 if block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
                     block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
                 inputs = [_own_storage(t) for t in (pending, committed_len, block_table, spec_rows, draft_logits,

@@ -138,7 +138,8 @@ class SpeculativeModel:
                  temperature: float = NOT_GIVEN, top_p: float = NOT_GIVEN, top_k: int = NOT_GIVEN,
                  seed: int | None = None, pixel_values=None,
                  image_grid_thw=None, profile: bool | str = False, *, input_ids=None, attention_mask=None,
-                 do_sample: bool | None = None, generation_config=None, streamer=None) -> GenerateOutput:
+                 do_sample: bool | None = None, generation_config=None, streamer=None, response_format=None,
+                 tokenizer=None) -> GenerateOutput:
         """Speculative decoding of a ragged batch of token-id lists.
 
         temperature=0.0: greedy (token for token HF's greedy generate). temperature > 0 samples,
@@ -161,6 +162,11 @@ class SpeculativeModel:
         this call leaves them at their defaults; others are warned about by name), `streamer`
         (transformers' streamers, one prompt).
 
+        Structured output: response_format (an OpenAI response_format dict, a JSON schema dict, or an
+        eagle_fx.structured GrammarSpec for a regex or EBNF grammar) with the base's `tokenizer`:
+        every prompt's output follows the grammar (xgrammar), drafts included, and greedy equals HF
+        generate with xgrammar's logits processor (chains only; a bad grammar is an error first).
+
         One model runs one generate at a time: a second thread waits for the first to finish; a
         generate called from inside another (a callback) is an error."""
         me = threading.get_ident()
@@ -174,7 +180,7 @@ class SpeculativeModel:
             self._lock_owner = me
             try:
                 return self._generate(prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed,
-                                      pixel_values, image_grid_thw, profile, streamer)
+                                      pixel_values, image_grid_thw, profile, streamer, (response_format, tokenizer))
             finally:
                 self._lock_owner = None
 
@@ -192,12 +198,15 @@ class SpeculativeModel:
         return [tokenizer.decode(s, skip_special_tokens=True) for s in out.sequences]
 
     def _generate(self, prompts, max_new_tokens, eos_token_id, temperature, top_p, top_k, seed, pixel_values,
-                  image_grid_thw, profile, streamer=None) -> GenerateOutput:
+                  image_grid_thw, profile, streamer=None, structured=(None, None)) -> GenerateOutput:
         prompts = check_prompts(prompts, max_new_tokens, self.spec.vocab_size, self.options.max_seq_len)
         check_streamer(streamer, len(prompts))
         eos = eos_set(eos_token_id, self.spec.eos)
         images = prompt_images(self.image_encoder, self.spec.image_token_id, prompts, pixel_values, image_grid_thw,
                                self.device, self.dtype)
+        if structured[0] is not None and (self.tree is not None or self.spec.vision_language):
+            raise ValueError("response_format runs on chains: a draft tree's nodes are not masked (compile without "
+                             "draft_tree=), and a vision-language pair decodes in waves")
         if profile not in (False, True, "graphs"):
             raise ValueError(f"profile must be False, True or 'graphs' (each step graph of the cycle timed), got "
                              f"{profile!r}")
@@ -210,7 +219,7 @@ class SpeculativeModel:
         started = time.perf_counter()
         sequences: list[list[int]] = []
         if self.tree is None and not self.spec.vision_language:  # a chain: continuous batching on an engine
-            sequences = self._generate_on_engine(call, prompts)
+            sequences = self._generate_on_engine(call, prompts, *structured)
         else:  # a draft tree, or a vision-language wave's image tables: waves of max_batch_size
             batch = self.options.max_batch_size
             for first in range(0, len(prompts), batch):
@@ -222,14 +231,17 @@ class SpeculativeModel:
         stats.wall_time_s = time.perf_counter() - started
         return GenerateOutput(sequences, stats)
 
-    def _generate_on_engine(self, call: GenerateCall, prompts: list[list[int]]) -> list[list[int]]:
+    def _generate_on_engine(self, call: GenerateCall, prompts: list[list[int]], response_format=None,
+                            tokenizer=None) -> list[list[int]]:
         """Every prompt on one serving engine at this model's k: more prompts than max_batch_size
         join as others finish (eagle_fx.serving.engine)."""
         from eagle_fx.serving.engine import Engine
         from eagle_fx.serving.requests import SamplingParams
 
         engine = Engine(self, speculation=self.num_spec_tokens, call=call, measure=False)
-        params = SamplingParams(max_tokens=call.max_new_tokens, eos_token_id=tuple(sorted(call.eos)))
+        engine.grammars.tokenizer = tokenizer  # structured output only (no text, no stop strings here)
+        params = SamplingParams(max_tokens=call.max_new_tokens, eos_token_id=tuple(sorted(call.eos)),
+                                response_format=response_format)
         ids = [engine.add_request(p, params) for p in prompts]
         done: dict[str, list[int]] = {}
         while engine.has_unfinished():

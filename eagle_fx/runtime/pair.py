@@ -79,6 +79,13 @@ class PairSpec:
         """EAGLE-3: draft vocab ids -> target ids (d2t); EAGLE-1: as they are."""
         return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
+    def to_draft_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A mask over the target vocab [N, V] (bool) as one over the draft vocab [N, Vd]."""
+        if self.d2t is None:
+            return allowed
+        d2t = self.d2t.to(allowed.device)
+        return allowed[:, torch.arange(d2t.shape[0], device=allowed.device) + d2t]
+
     def to_target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
         """A distribution over the draft vocab [N, Vd] as one over the target vocab [N, V]."""
         if self.d2t is None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from eagle_fx.runtime.kv_cache import slot_mapping
+from eagle_fx.structured.bitmask import mask_logits
 
 
 @dataclass
@@ -67,6 +68,8 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor):
             "base", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None], logits_indices=last,
             slot_mapping=slots, block_table=table, query_start_loc=query_start_loc, seq_rows=rows)
         is_final = [end == lens[s] for s, (begin, end) in zip(chunk_seqs, spans)]
+        if wave.first_allowed is not None:  # structured output: the first token under each grammar
+            logits = mask_logits(logits, wave.first_allowed[rows])
         sampled = call.sampler.select(chunk_seqs).pick(logits)
         final = torch.tensor(is_final, dtype=torch.bool, device=device)
         next_tokens = None

@@ -113,6 +113,7 @@ class Wave:
     # per sequence, once it stops: leading positions whose base AND draft K/V are final
     final_positions: list[int | None] = field(default_factory=list)
     spec_rows: torch.Tensor | None = None  # each sequence's row of per-sequence buffers (None: its index)
+    first_allowed: torch.Tensor | None = None  # [n, V] bool: the tokens each first token may be (a grammar's)
 
     def contexts_of(self, batch: ActiveBatch) -> list[list[int]]:
         return [self.contexts[s] for s in batch.seqs]

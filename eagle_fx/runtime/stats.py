@@ -50,6 +50,9 @@ class SpecDecodeStats:
     time_cycle_s: float = 0.0  # chain cycles run as one function: draft steps + verify + acceptance + extend
     graph_time_s: dict[str, float] = field(default_factory=dict)
     graph_calls: dict[str, int] = field(default_factory=dict)
+    # structured output: cycles under grammar masks, and the host's seconds filling their masks
+    grammar_cycles: int = 0
+    grammar_mask_s: float = 0.0
 
     def __post_init__(self):
         if not self.accepted_per_pos:
@@ -119,6 +122,8 @@ class SpecDecodeStats:
             "prefix_hit_tokens_draft": self.prefix_hit_tokens_draft,
             "prefill_tokens_computed_base": self.prefill_tokens_computed_base,
             "prefill_tokens_computed_draft": self.prefill_tokens_computed_draft,
+            "grammar_cycles": self.grammar_cycles,
+            "grammar_mask_s": self.grammar_mask_s,
         }
 
 

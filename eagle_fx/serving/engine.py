@@ -39,13 +39,14 @@ import torch
 from eagle_fx.runtime.kv_cache import PoolExhausted, WaveBlocks
 from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
-from eagle_fx.runtime.scheduler import GenerateCall, Wave, check_prompts, decode_columns, enter_draft
+from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
 from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k
 from eagle_fx.serving.cost_probe import measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
-from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState
+from eagle_fx.serving.grammars import EngineGrammars, commit
+from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
 
@@ -119,6 +120,7 @@ class Engine:
         self.stats = call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
         self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
+        self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output
         self.costs = StepCosts()  # seconds of a cycle per (k, batch size)
         self.outside = SizeCosts()  # seconds of a step outside its cycles and prefill, per running requests
         self._step_ended: float | None = None  # when the last step that left requests running ended
@@ -138,24 +140,14 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        options = self.model.options
-        try:
-            prompt = check_prompts([prompt], params.max_tokens, self.model.vocab_size, options.max_seq_len)[0]
-        except (TypeError, ValueError) as e:  # worded for generate's list of prompts: say it of this one
-            message = str(e).replace("prompts must be", "a prompt must be").replace("prompt 0", "the prompt")
-            raise ValueError(message.replace("max_new_tokens", "max_tokens")) from None
-        need = self.kv.allocator.blocks_for(len(prompt) + params.max_tokens + self.model.lookahead)
-        if need > self.kv.num_blocks and self.call is None:  # (generate: the pool's own PoolExhausted, as before)
-            raise ValueError(f"the request needs {need} KV blocks, the pool has {self.kv.num_blocks}: shorten the prompt "
-                             "or max_tokens")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need the engine's tokenizer (Engine(model, tokenizer))")
+        prompt = checked_prompt(self, prompt, params)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is in use")
         eos = set() if params.ignore_eos else set(params.eos_token_id if params.eos_token_id is not None
                                                   else self.model.spec.eos)
         request = Request(request_id, prompt, params, frozenset(eos | set(params.stop_token_ids)), next(self._ids))
+        request.grammar = self.grammars.state_for(params, frozenset(eos))  # a bad grammar: an error now
         if not params.greedy and self.call is None:
             request.generator = torch.Generator(device=self.device).manual_seed(
                 params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
@@ -258,7 +250,8 @@ class Engine:
         blocks = WaveBlocks([r.blocks.rows[0] for r in group], [r.cached for r in group],
                             torch.cat([r.blocks.block_table for r in group]))
         prompts = [r.prompt for r in group]
-        wave = Wave(prompts, prompts, prompts, None, blocks, spec_rows=torch.tensor([r.slot for r in group], **long))
+        wave = Wave(prompts, prompts, prompts, None, blocks, spec_rows=torch.tensor([r.slot for r in group], **long),
+                    first_allowed=self.grammars.first_allowed(group, self.device))
         call = self.call or GenerateCall(self._sampler(group), self.stats, Profiler(self.stats, False, self.device),
                                          set(), 1)
         carry = self.kv.carry_features(blocks, self.model.bootstrap)
@@ -315,6 +308,8 @@ class Engine:
             self.off_events["cost"] += 1
         self.current_k = k
         groups = [(k, spec), (0, off)] if k > 0 else [(0, spec + off)]
+        # requests with a grammar: a cycle of their own (masked, run as Python), the rest compiled
+        groups = [(k, [r for r in g if (r.grammar is not None) == masked]) for k, g in groups for masked in (False, True)]
         for k, group in groups:
             if group:
                 if k > 0:
@@ -344,12 +339,14 @@ class Engine:
         committed = self.committed[slots]
         table = self._table(slots, max(r.committed for r in group))
         started = time.perf_counter()
-        forced = None
+        forced, masks = None, None
+        if group[0].grammar is not None:
+            masks = self.grammars.cycle_masks(group, k, self.device, self.stats)
         if self.model.forced_drafts is not None and k > 0:  # a test oracle's tokens for the drafts
             forced = torch.as_tensor(self.model.forced_drafts([r.context for r in group], k), **long)
         accepted_t, next_t, drafts, draft_logits, draft_hidden, features = self.cycles[k](
             self.executor, self._sampler(group), self.pending[slots], committed, table, slots,
-            self.draft_logits[slots], self.draft_hidden[slots], profiler=self.profiler, forced=forced,
+            self.draft_logits[slots], self.draft_hidden[slots], profiler=self.profiler, forced=forced, masks=masks,
             graph_by_graph=self.call is not None and self.call.graph_by_graph)
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
@@ -420,6 +417,7 @@ class Engine:
     def _emit(self, r: Request, new: list[int], outputs) -> bool:
         """Append tokens up to a stop; one RequestOutput; True when the request is finished."""
         added = r.append(new)
+        commit(r, added)  # its grammar (structured output) follows every token it keeps
         self.generation_tokens += len(added)
         outputs.append(r.progress(added))
         return r.finish_reason is not None

@@ -5,7 +5,8 @@ A field this server does not know, or a value it cannot honour (n > 1, echo, log
 is a `RequestError` (HTTP 400 with `{"error": {"message", "type": "invalid_request_error",
 "param", "code"}}`), never silently ignored. Extensions (as in vLLM): top_k, ignore_eos,
 stop_token_ids, add_special_tokens (completions), return_token_ids (each choice and stream chunk
-then carries the output's token ids).
+then carries the output's token ids), and structured output: OpenAI's response_format (json_schema,
+json_object, text) or vLLM's guided_json / guided_regex / guided_grammar (EBNF), one per request.
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import time
 from dataclasses import dataclass
 
 from eagle_fx.serving.requests import SamplingParams
+from eagle_fx.structured.response_format import grammar_spec
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
                  "n", "logprobs", "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos",
-                 "stop_token_ids", "return_token_ids"}
+                 "stop_token_ids", "return_token_ids", "response_format", "guided_json", "guided_regex", "guided_grammar"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix", "add_special_tokens"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -115,6 +117,11 @@ def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
     if isinstance(kwargs.get("stop_token_ids"), list):
         kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
     kwargs["ignore_eos"] = _bool(body, "ignore_eos")
+    guided = ("response_format", "guided_json", "guided_regex", "guided_grammar")
+    try:  # structured output: one of them (compiled when the engine takes the request: a bad one is a 400 then)
+        kwargs["response_format"] = grammar_spec(**{name: body.get(name) for name in guided})
+    except (ValueError, TypeError) as e:
+        raise RequestError(str(e), param=next((n for n in guided if body.get(n) is not None), None)) from None
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as e:  # SamplingParams names the field first: "top_p must be ..."

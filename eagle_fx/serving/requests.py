@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eagle_fx.structured.response_format import grammar_spec
+
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -35,7 +37,10 @@ class SamplingParams:
     top_k 0 or -1: off; top_p 1: off. eos_token_id None: the model's generation_config eos;
     ignore_eos: never stop at an eos. stop: strings that end the output (cut before them; needs the
     engine's tokenizer); stop_token_ids: extra ids that end it (kept in the output, as eos is).
-    seed: this request's own generator (reproducible whatever it is batched with)."""
+    seed: this request's own generator (reproducible whatever it is batched with).
+    response_format: structured output (eagle_fx.structured.response_format.grammar_spec: an
+    OpenAI response_format dict, a JSON schema dict, or a GrammarSpec for a regex / EBNF grammar):
+    every token, drafts included, only where the grammar allows it; needs the engine's tokenizer."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -46,6 +51,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_id: tuple[int, ...] | None = None
     ignore_eos: bool = False
+    response_format: object = None
 
     def __post_init__(self):
         _int("max_tokens", self.max_tokens, 1)
@@ -70,6 +76,10 @@ class SamplingParams:
             object.__setattr__(self, name, tuple(ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        object.__setattr__(self, "response_format", grammar_spec(self.response_format))
+        if self.response_format is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot apply with a response_format: once the output is complete the "
+                             "grammar allows only eos, which ends the request")
 
     @property
     def greedy(self) -> bool:
@@ -155,6 +165,7 @@ class Request:
     probe_at: int = 0  # output length at which a collapsed request speculates again
     watch: object = None  # its CollapseWatch
     acceptance: object = None  # its adaptive.Acceptance
+    grammar: object = None  # its eagle_fx.structured GrammarState (a response_format), at its committed output
 
     @property
     def context(self) -> list[int]:
@@ -185,3 +196,22 @@ class Request:
         return RequestOutput(self.request_id, added, list(self.output), self.finish_reason is not None,
                              self.finish_reason, text.text if text is not None else None,
                              text.take_delta() if text is not None else None, len(self.prompt), self.cached)
+
+
+def checked_prompt(engine, prompt, params: SamplingParams) -> list[int]:
+    """The prompt (token ids) of a request the engine can run, or a ValueError that says why not."""
+    model, kv = engine.model, engine.kv
+    from eagle_fx.runtime.scheduler import check_prompts
+
+    try:
+        prompt = check_prompts([prompt], params.max_tokens, model.vocab_size, model.options.max_seq_len)[0]
+    except (TypeError, ValueError) as e:  # worded for generate's list of prompts: say it of this one
+        message = str(e).replace("prompts must be", "a prompt must be").replace("prompt 0", "the prompt")
+        raise ValueError(message.replace("max_new_tokens", "max_tokens")) from None
+    need = kv.allocator.blocks_for(len(prompt) + params.max_tokens + model.lookahead)
+    if need > kv.num_blocks and engine.call is None:  # (generate: the pool's own PoolExhausted, as before)
+        raise ValueError(f"the request needs {need} KV blocks, the pool has {kv.num_blocks}: shorten the prompt "
+                         "or max_tokens")
+    if params.stop and engine.tokenizer is None:
+        raise ValueError("stop strings need the engine's tokenizer (Engine(model, tokenizer))")
+    return prompt

@@ -213,6 +213,13 @@ BAD_BODIES = {
     "chat stream_options without stream": ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                                             "stream_options": {"include_usage": True}}, "/v1/chat/completions",
                                            "stream_options"),
+    "two grammars": ({"model": MODEL, "prompt": "hi", "response_format": {"type": "json_object"},
+                      "guided_regex": "a+"}, "/v1/completions", "response_format"),
+    "response_format type": ({"model": MODEL, "prompt": "hi", "response_format": {"type": "xml"}}, "/v1/completions",
+                             "response_format"),
+    "invalid regex": ({"model": MODEL, "prompt": "hi", "guided_regex": "(unclosed"}, "/v1/completions", None),
+    "grammar with ignore_eos": ({"model": MODEL, "prompt": "hi", "guided_regex": "a+", "ignore_eos": True},
+                                "/v1/completions", "ignore_eos"),
 }
 
 
@@ -226,6 +233,31 @@ def test_bad_requests_are_400_with_an_openai_error(served, case):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"] and error["code"] is None
     assert error["param"] == param
+
+
+def test_structured_output_equals_hf_with_the_grammar_and_parses(served):
+    """response_format json_schema through the openai client: the token ids equal HF greedy with
+    xgrammar's logits processor for the same grammar, and the text parses and validates."""
+    pytest.importorskip("xgrammar", reason="structured output is the optional 'structured' extra")
+    from structured.hf_oracle import hf_grammar_greedy
+    from structured.schema_check import schema_errors
+
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 12}, "rank": {"enum": [1, 2, 3]},
+                             "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+              "required": ["city", "rank", "tags"]}
+    messages = [{"role": "user", "content": "Name a city as JSON."}]
+    r = served.client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        extra_body={"return_token_ids": True})
+    ids = r.choices[0].model_extra["token_ids"]
+    grammars = served.engine_loop.engine.grammars
+    compiled = grammars._compilers[frozenset({served.tok.eos_token_id})].compile(
+        SamplingParams(response_format={"type": "json_schema", "json_schema": {"schema": schema}}).response_format)
+    assert ids == hf_grammar_greedy(served.base, served.chat_ids(messages), compiled, 64, served.tok.eos_token_id)
+    if r.choices[0].finish_reason == "stop":
+        assert schema_errors(json.loads(r.choices[0].message.content), schema) == []
 
 
 def test_unknown_model_is_404_and_the_client_sees_it(served):

@@ -1,0 +1,91 @@
+"""Structured output under speculation against its oracle: the engine's greedy output under a
+grammar (a JSON schema, a regex, an EBNF grammar, json_object), drafts masked, equals HF greedy
+generate with xgrammar's logits processor for the same compiled grammar (fp32, token for token),
+batched with each other and with a request without a grammar (which equals plain HF greedy)."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("xgrammar", reason="structured output is the optional 'structured' extra")
+
+import eagle_fx  # noqa: E402
+from eagle_fx.bundled import load_pair, pair_dirs  # noqa: E402
+from eagle_fx.serving import Engine, SamplingParams  # noqa: E402
+from eagle_fx.structured.grammar import GrammarError  # noqa: E402
+from eagle_fx.structured.response_format import GrammarSpec  # noqa: E402
+
+from .conftest import EOS  # noqa: E402
+from .hf_oracle import hf_grammar_greedy  # noqa: E402
+from .schema_check import schema_errors  # noqa: E402
+from .test_hf_oracle import PET  # noqa: E402
+
+SPECS = {
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "pet", "schema": PET}},
+    "json_object": {"type": "json_object"},
+    "regex": GrammarSpec("regex", r"(yes|no), because [a-z ]{1,40}\."),
+    "ebnf": GrammarSpec("ebnf", 'root ::= "The answer is " num "."\nnum ::= [0-9]+ | "forty-two"'),
+}
+TEXTS = ["Describe a pet as JSON:", "Is the sky blue?", "Hello, how are you?", "Write a poem about the sea"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok, base, draft = load_pair(*pair_dirs())
+    return tok, base, draft, [tok(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def model(pair):
+    tok, base, draft, _ = pair
+    return eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=512)
+
+
+def finish(engine, ids):
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[i] for i in ids]
+
+
+@pytest.mark.parametrize("speculation", [3, "adaptive"])
+def test_greedy_under_each_grammar_equals_hf_with_xgrammar_s_logits_processor(pair, model, speculation):
+    tok, base, _, prompts = pair
+    engine = Engine(model, tok, speculation=speculation)
+    max_tokens = 96
+    requests = [(prompts[i % len(prompts)], name) for i, name in enumerate(SPECS)] + [(prompts[3], None)]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=max_tokens, response_format=SPECS.get(name)))
+           for p, name in requests]
+    outs = finish(engine, ids)
+    for (prompt, name), out, rid in zip(requests, outs, ids):
+        if name is None:  # batched beside the grammars, without one: plain HF greedy
+            want = base.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
+            assert out.token_ids == want
+            continue
+        compiled = engine.grammars._compilers[frozenset({EOS})].compile(
+            SamplingParams(response_format=SPECS[name]).response_format)
+        assert out.token_ids == hf_grammar_greedy(base, prompt, compiled, max_tokens, EOS), name
+        if name.startswith("json") and out.finish_reason == "stop":
+            value = json.loads(tok.decode(out.token_ids[:-1]))
+            assert schema_errors(value, PET) == [] if name == "json_schema" else isinstance(value, dict)
+    assert engine.metrics()["kv_blocks_used"] == 0
+    if speculation == 3:  # speculation stayed on under the grammars, and paid
+        assert engine.stats.num_accepted_tokens > 0
+
+
+def test_bad_grammars_are_errors_when_added(pair, model):
+    tok, _, _, prompts = pair
+    engine = Engine(model, tok, speculation=3)
+    for spec, match in [(GrammarSpec("regex", "(unclosed"), "regex"),
+                        ({"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}, "schema"),
+                        (GrammarSpec("ebnf", "root ::= undefined_rule"), "grammar|ebnf|EBNF")]:
+        with pytest.raises(GrammarError, match=match):
+            engine.add_request(prompts[0], SamplingParams(response_format=spec))
+    with pytest.raises(ValueError, match="ignore_eos"):
+        SamplingParams(response_format={"type": "json_object"}, ignore_eos=True)
+    with pytest.raises(ValueError, match="tokenizer"):
+        Engine(model, speculation=3).add_request(prompts[0], SamplingParams(response_format={"type": "json_object"}))
+    assert not engine.has_unfinished()
