@@ -13,6 +13,10 @@ and the padded draft extend over the k+1 verified positions.
   vision-language base's wave tables, observers, per-graph profiling): the same function, run as
   Python, each step graph called through `Executor.step` / `Executor.call`.
 
+Under grammar masks (structured output, eagle_fx.structured.cycle_masks) the mask of draft j+1
+comes from the host's matchers after draft j, so the cycle runs as Python through the executor,
+the host between the step graphs.
+
 Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
 inside reads a value on the host (the attention of these graphs is device-side, see
 passes/mark_uniform_queries.py). The host reads the outputs once per cycle (runtime.scheduler).
@@ -153,16 +157,19 @@ def _compiled_cycle(graphs, signatures, spec, settings):
     return cycle
 
 
-def _own_code(fn, settings: CycleSettings):
+def _cycle_name(settings: CycleSettings) -> str:
+    return (f"chain_cycle_k{settings.num_spec_tokens}_o{settings.draft_offset}_b{settings.block_size}"
+            f"{'_sampling' if settings.sampling else ''}{'_forced' if settings.forced_drafts else ''}"
+            f"{'_coin' if settings.synthetic_acceptance is not None else ''}")
+
+
+def _own_code(fn, name: str):
     """fn (a plain function, not a partial: torch.compile wraps those in one shared function) with a
     code object of its own. torch.compile keeps its compiled variants per code object and gives up
     past dynamo's recompile limit (8): every k and sampling variant of every model (the serving
     engine runs several k on one model: two variants each, one sequence and several) would
     otherwise pile onto one code object, and each call would check the guards of every variant
     before its own."""
-    name = (f"chain_cycle_k{settings.num_spec_tokens}_o{settings.draft_offset}_b{settings.block_size}"
-            f"{'_sampling' if settings.sampling else ''}{'_forced' if settings.forced_drafts else ''}"
-            f"{'_coin' if settings.synthetic_acceptance is not None else ''}")
     code = fn.__code__.replace(co_name=name, co_qualname=name) if hasattr(fn.__code__, "co_qualname") else \
         fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
@@ -214,7 +221,7 @@ class ChainCycle:
     def _compiled(self, settings: CycleSettings):
         fn = self._fns.get(settings)
         if fn is None:
-            fn = _own_code(_compiled_cycle(self.graphs, self.signatures, self.spec, settings), settings)
+            fn = _own_code(_compiled_cycle(self.graphs, self.signatures, self.spec, settings), _cycle_name(settings))
             fn = self._compiler(fn)
             self._fns[settings] = fn
         return fn

@@ -76,6 +76,7 @@ class SpeculativeModel:
         self.chain_cycle = self.chain_cycle_for(options.num_spec_tokens) if self.tree is None else None
         self.speculates = options.num_spec_tokens > 0
         self._lock = threading.Lock()  # one generate at a time: the pools are this model's
+        self._grammars = None  # generate(response_format=...): compiled grammars, kept across calls
         self._lock_owner: int | None = None
 
     def replace(self, proposer=None, forced_drafts=None, **changes) -> "SpeculativeModel":
@@ -236,10 +237,14 @@ class SpeculativeModel:
         """Every prompt on one serving engine at this model's k: more prompts than max_batch_size
         join as others finish (eagle_fx.serving.engine)."""
         from eagle_fx.serving.engine import Engine
+        from eagle_fx.serving.grammars import EngineGrammars
         from eagle_fx.serving.requests import SamplingParams
 
         engine = Engine(self, speculation=self.num_spec_tokens, call=call, measure=False)
-        engine.grammars.tokenizer = tokenizer  # structured output only (no text, no stop strings here)
+        if response_format is not None:  # structured output (the tokenizer for it only: no text, no stop strings)
+            if self._grammars is None or self._grammars.tokenizer is not tokenizer:
+                self._grammars = EngineGrammars(tokenizer, self.spec.vocab_size)
+            engine.grammars = self._grammars
         params = SamplingParams(max_tokens=call.max_new_tokens, eos_token_id=tuple(sorted(call.eos)),
                                 response_format=response_format)
         ids = [engine.add_request(p, params) for p in prompts]

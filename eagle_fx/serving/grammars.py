@@ -20,21 +20,26 @@ class EngineGrammars:
         """A GrammarState at the start of params.response_format's grammar, or None (no grammar)."""
         if params.response_format is None:
             return None
+        from eagle_fx.structured.matcher import GrammarState
+
+        return GrammarState(self.compiled(params.response_format, eos))
+
+    def compiled(self, spec, eos: frozenset):
+        """The xgrammar CompiledGrammar of a GrammarSpec for requests whose eos ids are `eos` (cached)."""
         if self.tokenizer is None:
             raise ValueError("a response_format needs the engine's tokenizer (Engine(model, tokenizer)): its grammar is "
                              "compiled against the token strings")
         if not eos:
             raise ValueError("a response_format needs an eos token: the grammar ends the output with one")
-        from eagle_fx.structured.grammar import GrammarCompiler
-        from eagle_fx.structured.matcher import GrammarState
-
         compiler = self._compilers.get(eos)
         if compiler is None:
+            from eagle_fx.structured.grammar import GrammarCompiler
+
             # JSON compactly, as xgrammar's separators write it: with any whitespace between tokens a
             # small model can write newlines until max_tokens (the bundled base does)
             compiler = self._compilers[eos] = GrammarCompiler(self.tokenizer, self.vocab_size,
                                                               stop_token_ids=sorted(eos), any_whitespace=False)
-        return GrammarState(compiler.compile(params.response_format))
+        return compiler.compile(spec)
 
     def first_allowed(self, requests, device) -> torch.Tensor | None:
         """bool [n, V]: the tokens each request's first token may be (all for one without a

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from eagle_fx.serving.requests import SamplingParams
-from eagle_fx.structured.response_format import grammar_spec
+from eagle_fx.structured.response_format import OPENAI_TYPES, grammar_spec
 
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
                  "n", "logprobs", "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos",
@@ -118,6 +118,11 @@ def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
         kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
     kwargs["ignore_eos"] = _bool(body, "ignore_eos")
     guided = ("response_format", "guided_json", "guided_regex", "guided_grammar")
+    response_format = body.get("response_format")
+    if response_format is not None and (not isinstance(response_format, dict) or
+                                        response_format.get("type") not in OPENAI_TYPES):
+        raise RequestError(f"response_format must be an object whose type is one of {', '.join(OPENAI_TYPES)}; got "
+                           f"{response_format!r}", param="response_format")
     try:  # structured output: one of them (compiled when the engine takes the request: a bad one is a 400 then)
         kwargs["response_format"] = grammar_spec(**{name: body.get(name) for name in guided})
     except (ValueError, TypeError) as e:

@@ -253,8 +253,8 @@ def test_structured_output_equals_hf_with_the_grammar_and_parses(served):
         extra_body={"return_token_ids": True})
     ids = r.choices[0].model_extra["token_ids"]
     grammars = served.engine_loop.engine.grammars
-    compiled = grammars._compilers[frozenset({served.tok.eos_token_id})].compile(
-        SamplingParams(response_format={"type": "json_schema", "json_schema": {"schema": schema}}).response_format)
+    compiled = grammars.compiled(SamplingParams(response_format={"type": "json_schema", "json_schema": {
+        "schema": schema}}).response_format, frozenset({served.tok.eos_token_id}))
     assert ids == hf_grammar_greedy(served.base, served.chat_ids(messages), compiled, 64, served.tok.eos_token_id)
     if r.choices[0].finish_reason == "stop":
         assert schema_errors(json.loads(r.choices[0].message.content), schema) == []

@@ -65,8 +65,8 @@ def test_greedy_under_each_grammar_equals_hf_with_xgrammar_s_logits_processor(pa
                                  eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
             assert out.token_ids == want
             continue
-        compiled = engine.grammars._compilers[frozenset({EOS})].compile(
-            SamplingParams(response_format=SPECS[name]).response_format)
+        compiled = engine.grammars.compiled(SamplingParams(response_format=SPECS[name]).response_format,
+                                            frozenset({EOS}))
         assert out.token_ids == hf_grammar_greedy(base, prompt, compiled, max_tokens, EOS), name
         if name.startswith("json") and out.finish_reason == "stop":
             value = json.loads(tok.decode(out.token_ids[:-1]))
@@ -89,3 +89,23 @@ def test_bad_grammars_are_errors_when_added(pair, model):
     with pytest.raises(ValueError, match="tokenizer"):
         Engine(model, speculation=3).add_request(prompts[0], SamplingParams(response_format={"type": "json_object"}))
     assert not engine.has_unfinished()
+
+
+def test_generate_takes_a_response_format(pair, model):
+    """model.generate(response_format=..., tokenizer=...): the same oracle; without the tokenizer, or
+    on a draft tree, a clear error before decoding."""
+    tok, base, draft, prompts = pair
+    spec = GrammarSpec("regex", r"(yes|no), because [a-z ]{1,40}\.")
+    out = model.generate([prompts[1], prompts[2]], max_new_tokens=40, response_format=spec, tokenizer=tok)
+    compiled = Engine(model, tok, speculation=3).grammars.compiled(spec, frozenset({EOS}))
+    for prompt, seq in zip(prompts[1:3], out.sequences):
+        assert seq == hf_grammar_greedy(base, prompt, compiled, 40, EOS)
+    assert out.stats.grammar_cycles > 0
+    with pytest.raises(ValueError, match="tokenizer"):
+        model.generate([prompts[0]], max_new_tokens=4, response_format=spec)
+    with pytest.raises(ValueError, match="eos"):
+        model.generate([prompts[0]], max_new_tokens=4, response_format=spec, tokenizer=tok, eos_token_id=None)
+    tree = eagle_fx.compile(base, draft, num_spec_tokens=2, backend="eager", max_batch_size=1, max_seq_len=128,
+                            draft_tree=dict(top_k=2, depth=2, total_tokens=4))
+    with pytest.raises(ValueError, match="draft tree"):
+        tree.generate([prompts[0]], max_new_tokens=4, response_format=spec, tokenizer=tok)
