@@ -14,8 +14,8 @@ and the padded draft extend over the k+1 verified positions.
   Python, each step graph called through `Executor.step` / `Executor.call`.
 
 Under grammar masks (structured output, eagle_fx.structured.cycle_masks) the mask of draft j+1
-comes from the host's matchers after draft j, so the cycle runs as Python through the executor,
-the host between the step graphs.
+comes from the host's matchers after draft j, so the cycle runs as Python between its pieces: the
+draft steps and the verify + extend, each compiled as the whole cycle is (or through the executor).
 
 Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
 inside reads a value on the host (the attention of these graphs is device-side, see
@@ -73,64 +73,89 @@ class CycleNoise:
 
 def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, committed_len: torch.Tensor,
                 block_table: torch.Tensor, spec_rows: torch.Tensor, draft_logits: torch.Tensor,
-                draft_hidden: torch.Tensor, noise: CycleNoise):
+                draft_hidden: torch.Tensor, noise: CycleNoise, pieces=None):
     """One cycle for B sequences. run(graph, values) -> the graph's outputs. pending [B] (the last
     sampled token), committed_len [B], block_table [B, blocks], spec_rows [B], draft_logits [B, Vd]
     / draft_hidden [B, H] (the draft's last call). Returns accepted [B], next_token [B], drafts
     [B, k], the extend's draft_logits / draft_hidden, and the base's features at the k+1 verified
     positions [B, k+1, F]. k = 0 is plain decoding: the verify of the pending token alone, no draft
-    (draft_logits / draft_hidden pass through)."""
-    k, offset, block_size = settings.num_spec_tokens, settings.draft_offset, settings.block_size
+    (draft_logits / draft_hidden pass through). settings.grammar: noise.masks gives each draft's
+    mask after the drafts before it, and the verify's rows (host work between the steps). pieces:
+    (draft_step, verify_and_extend) to call instead of this module's (compiled ones, ChainCycle)."""
+    k, offset = settings.num_spec_tokens, settings.draft_offset
+    step, verify = pieces or (draft_step, verify_and_extend)
+    masks = noise.masks if settings.grammar else None
+
+    def allowed(j, previous):  # the draft vocabulary's mask of draft j (None: no grammar)
+        return None if masks is None else spec.to_draft_mask(masks.draft_row(j, previous))
+
+    drafts, draft_probs = pending[:, None][:, :0], None  # k = 0: no draft; the draft does not run
+    if k > 0:
+        token, q = pick_draft(spec, settings, noise, draft_logits, 0, allowed(0, None))
+        tokens, probs, hidden = [token], [q], draft_hidden
+        for j in range(1, k):
+            token, q, hidden = step(run, spec, settings, noise, j, token, committed_len - 1 + j + offset, hidden,
+                                    committed_len, block_table, spec_rows, allowed(j, token))
+            tokens.append(token)
+            probs.append(q)
+        drafts = torch.stack(tokens, dim=1)
+        draft_probs = torch.stack(probs, dim=1) if settings.sampling else None
+    return verify(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table, spec_rows,
+                  draft_logits, draft_hidden, None if masks is None else masks.verify_rows(drafts))
+
+
+def pick_draft(spec, settings: CycleSettings, noise: CycleNoise, logits: torch.Tensor, j: int,
+               allowed: torch.Tensor | None = None):
+    """Draft token j (target ids) from the draft's logits [B, Vd] (only where `allowed` [B, Vd] is
+    True, when given) and, when sampling, the distribution it was drawn from [B, V]."""
+    if allowed is not None:
+        logits = mask_logits(logits, allowed)
+    if settings.sampling:
+        q = spec.to_target_probs(noise.warping.probs(logits[:, None])[:, 0])
+        token = race_sample(q, noise.race[:, j])
+    else:
+        q, token = None, spec.to_target(greedy(logits))
+    if settings.forced_drafts:
+        token = torch.where(noise.forced[:, j] >= 0, noise.forced[:, j], token)
+    return token, q
+
+
+def draft_step(run, spec, settings: CycleSettings, noise: CycleNoise, j: int, token: torch.Tensor,
+               position: torch.Tensor, hidden: torch.Tensor, committed_len: torch.Tensor, block_table: torch.Tensor,
+               spec_rows: torch.Tensor, allowed: torch.Tensor | None = None):
+    """Draft token j after token j-1 at `position` [B]: one draft_step graph call and pick_draft.
+    Returns the token, its distribution (sampling) and the draft's hidden state."""
+    logits, hidden = run("draft_step", draft_step_inputs(token, position, hidden, block_table, spec_rows,
+                                                         committed_len, settings.block_size))
+    token, q = pick_draft(spec, settings, noise, logits, j, allowed)
+    return token, q, hidden
+
+
+def verify_and_extend(run, spec, settings: CycleSettings, noise: CycleNoise, pending, drafts, draft_probs,
+                      committed_len, block_table, spec_rows, draft_logits, draft_hidden,
+                      allowed: torch.Tensor | None = None):
+    """The verify of [pending, drafts] (its k+1 rows masked by `allowed` [B, k+1, V] when given),
+    acceptance, and the draft's extend over the verified positions: chain_cycle's outputs."""
+    k, offset, block_size = drafts.shape[1], settings.draft_offset, settings.block_size
     num_seqs = pending.shape[0]
 
     def probs(logits, rows_per_seq: int):  # logits [B * rows, V] -> the warped distribution [B, rows, V]
         return noise.warping.probs(logits.view(num_seqs, rows_per_seq, -1))
 
-    def pick(logits, j, previous):  # draft token j (target ids) and, when sampling, the distribution it was drawn from
-        if settings.grammar:  # only tokens the grammar allows after the drafts so far (previous: the last one)
-            logits = mask_logits(logits, spec.to_draft_mask(noise.masks.draft_row(j, previous)))
-        if settings.sampling:
-            q = spec.to_target_probs(probs(logits, 1)[:, 0])
-            token = race_sample(q, noise.race[:, j])
-        else:
-            q, token = None, spec.to_target(greedy(logits))
-        if settings.forced_drafts:
-            token = torch.where(noise.forced[:, j] >= 0, noise.forced[:, j], token)
-        return token, q
-
-    verify_extra = dict(seq_rows=spec_rows)  # a vision-language base's M-RoPE rows
-    if k == 0:  # num_spec_tokens=0: the base alone, one token per cycle; the draft does not run
-        no_drafts = pending[:, None][:, :0]  # [B, 0]
-        logits, features = run("verify", {**verify_inputs(pending, no_drafts, committed_len, block_table, block_size),
-                                          **verify_extra})
-        if settings.grammar:
-            logits = mask_logits(logits, noise.masks.verify_rows(no_drafts).view(num_seqs, -1))
-        if settings.sampling:
-            next_token = race_sample(probs(logits, 1)[:, 0], noise.race[:, 0])
-        else:
-            next_token = greedy(logits)
-        return torch.zeros_like(pending), next_token, no_drafts, draft_logits, draft_hidden, features[:, None]
-    token, q = pick(draft_logits, 0, None)
-    tokens, draft_probs, hidden = [token], [q], draft_hidden
-    for j in range(1, k):
-        position = committed_len - 1 + j + offset
-        logits, hidden = run("draft_step", draft_step_inputs(token, position, hidden, block_table, spec_rows,
-                                                             committed_len, block_size))
-        token, q = pick(logits, j, token)
-        tokens.append(token)
-        draft_probs.append(q)
-    drafts = torch.stack(tokens, dim=1)
     logits, features = run("verify", {**verify_inputs(pending, drafts, committed_len, block_table, block_size),
-                                      **verify_extra})
-    if settings.grammar:  # row j: what the grammar allows after drafts[:j]
-        logits = mask_logits(logits, noise.masks.verify_rows(drafts).view(num_seqs * (k + 1), -1))
+                                      "seq_rows": spec_rows})  # (seq_rows: a vision-language base's M-RoPE rows)
+    if allowed is not None:  # row j: what the grammar allows after drafts[:j]
+        logits = mask_logits(logits, allowed.view(num_seqs * (k + 1), -1))
+    if k == 0:  # plain decoding: the verify's token; the draft did not run (its outputs pass through)
+        next_token = race_sample(probs(logits, 1)[:, 0], noise.race[:, 0]) if settings.sampling else greedy(logits)
+        return torch.zeros_like(pending), next_token, drafts, draft_logits, draft_hidden, features[:, None]
     if settings.synthetic_acceptance is not None:  # bench only: acceptance by a coin, cost as in a real cycle
         target = greedy(logits).view(num_seqs, k + 1)
         accepted = (noise.uniforms < settings.synthetic_acceptance).long().cumprod(dim=1).sum(dim=1)
         next_token = target.gather(1, accepted[:, None])[:, 0]
     elif settings.sampling:
-        accepted, next_token = rejection_accept(drafts, torch.stack(draft_probs, dim=1), probs(logits, k + 1),
-                                                noise.uniforms, noise.race[:, k])
+        accepted, next_token = rejection_accept(drafts, draft_probs, probs(logits, k + 1), noise.uniforms,
+                                                noise.race[:, k])
     else:
         accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
     features = features.view(num_seqs, k + 1, -1)
@@ -155,6 +180,27 @@ def _compiled_cycle(graphs, signatures, spec, settings):
                            draft_hidden, noise)
 
     return cycle
+
+
+def _compiled_pieces(graphs, signatures, spec, settings, compiler):
+    """draft_step and verify_and_extend, each compiled as the whole cycle is (frozen weights), for
+    chain_cycle(pieces=...) under grammar masks: the host fills each draft's mask between them.
+    Each takes the draft or verify's own noise (draft j's race and forced columns as column 0)."""
+
+    def step_piece(pools, token, position, hidden, committed_len, block_table, spec_rows, allowed, noise):
+        run = partial(call_graphs, graphs, signatures, pools)
+        return draft_step(run, spec, settings, noise, 0, token, position, hidden, committed_len, block_table,
+                          spec_rows, allowed)
+
+    def verify_piece(pools, pending, drafts, draft_probs, committed_len, block_table, spec_rows, draft_logits,
+                     draft_hidden, allowed, noise):
+        run = partial(call_graphs, graphs, signatures, pools)
+        return verify_and_extend(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table,
+                                 spec_rows, draft_logits, draft_hidden, allowed)
+
+    name = _cycle_name(settings)
+    return (compiler(_own_code(step_piece, f"{name}_grammar_draft_step")),
+            compiler(_own_code(verify_piece, f"{name}_grammar_verify")))
 
 
 def _cycle_name(settings: CycleSettings) -> str:
@@ -205,7 +251,7 @@ class ChainCycle:
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec = graphs, signatures, spec
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
-        self._fns: dict[CycleSettings, object] = {}
+        self._fns: dict = {}  # compiled cycles by CycleSettings, pieces by ('pieces', settings)
         self._coin: torch.Generator | None = None  # set by use_synthetic_acceptance (the bench)
 
     def use_synthetic_acceptance(self, probability: float, seed: int = 0) -> None:
@@ -225,6 +271,28 @@ class ChainCycle:
             fn = self._compiler(fn)
             self._fns[settings] = fn
         return fn
+
+    def _pieces(self, settings: CycleSettings, pools: dict):
+        """chain_cycle's pieces for a compiled cycle under grammar masks (see _compiled_pieces)."""
+        compiled = self._fns.get(("pieces", settings))
+        if compiled is None:
+            compiled = self._fns[("pieces", settings)] = _compiled_pieces(self.graphs, self.signatures, self.spec,
+                                                                          settings, self._compiler)
+        step_fn, verify_fn = compiled
+
+        def step(run, spec, settings, noise, j, token, position, hidden, committed_len, block_table, spec_rows,
+                 allowed):
+            column = slice(j, j + 1)
+            own = CycleNoise(warping=noise.warping, race=None if noise.race is None else noise.race[:, column],
+                             forced=None if noise.forced is None else noise.forced[:, column])
+            return step_fn(pools, token, position, hidden, committed_len, block_table, spec_rows, allowed, own)
+
+        def verify(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table, spec_rows,
+                   draft_logits, draft_hidden, allowed):
+            return verify_fn(pools, pending, drafts, draft_probs, committed_len, block_table, spec_rows, draft_logits,
+                             draft_hidden, allowed, dataclasses.replace(noise, masks=None))
+
+        return step, verify
 
     def compiled_for(self, executor, tables, graph_by_graph: bool) -> bool:
         """Whether a call runs the compiled cycle: not when its graph calls must go through the
@@ -259,11 +327,14 @@ class ChainCycle:
         elif settings.synthetic_acceptance is not None:
             noise.uniforms = torch.rand(num_seqs, k, generator=self._coin, device=device)
         with torch.no_grad():
-            if self.compiled_for(executor, tables, graph_by_graph) and masks is None:
+            if self.compiled_for(executor, tables, graph_by_graph):
                 if block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
                     block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
                 inputs = [_own_storage(t) for t in (pending, committed_len, block_table, spec_rows, draft_logits,
                                                     draft_hidden)]
+                if masks is not None:  # the host fills each draft's mask: compiled pieces, the host between them
+                    pieces = self._pieces(settings, executor.kv_cache.pools_by_side())
+                    return chain_cycle(None, self.spec, settings, *inputs, noise, pieces=pieces)
                 started = profiler.start() if profiler is not None else 0.0
                 out = self._compiled(settings)(executor.kv_cache.pools_by_side(), *inputs, noise)
                 if profiler is not None:

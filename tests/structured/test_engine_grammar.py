@@ -109,3 +109,33 @@ def test_generate_takes_a_response_format(pair, model):
                             draft_tree=dict(top_k=2, depth=2, total_tokens=4))
     with pytest.raises(ValueError, match="draft tree"):
         tree.generate([prompts[0]], max_new_tokens=4, response_format=spec, tokenizer=tok)
+
+
+def test_a_compiled_cycle_runs_under_a_grammar_as_compiled_pieces(pair):
+    """With a compiled chain cycle (here dynamo with fullgraph and a backend that runs what it
+    traced), a cycle under grammar masks runs its draft steps and its verify + extend as compiled
+    pieces, the host filling each draft's mask between them: the same oracle."""
+    from eagle_fx.runtime.chain_cycle import ChainCycle
+
+    tok, base, draft, prompts = pair
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=512)
+    traced = []
+
+    def tracing_backend(gm, example_inputs):
+        traced.append(gm)
+        return gm.forward
+
+    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
+    model.chain_cycle = ChainCycle(graphs, model.signatures, model.spec, 3, model.draft_offset,
+                                   model.options.block_size,
+                                   compiler=lambda fn: torch.compile(fn, backend=tracing_backend, fullgraph=True,
+                                                                     dynamic=True))
+    engine = Engine(model, tok, speculation=3)
+    spec = SPECS["regex"]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=40, response_format=spec)) for p in prompts[1:3]]
+    outs = finish(engine, ids)
+    compiled = engine.grammars.compiled(spec, frozenset({EOS}))
+    for prompt, out in zip(prompts[1:3], outs):
+        assert out.token_ids == hf_grammar_greedy(base, prompt, compiled, 40, EOS)
+    assert engine.stats.grammar_cycles > 0
+    assert traced  # the pieces ran compiled (only grammar requests ran: the whole cycle never did)
