@@ -42,7 +42,7 @@ from eagle_fx.runtime.sampling import Warping, greedy, race_sample
 from eagle_fx.runtime.stats import CHAIN_CYCLE
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
-from eagle_fx.structured.bitmask import mask_logits
+from eagle_fx.structured.bitmask import mask_logits, unpack_bitmask
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
     step, verify = pieces or (draft_step, verify_and_extend)
     masks = noise.masks if settings.grammar else None
 
-    def allowed(j, previous):  # the draft vocabulary's mask of draft j (None: no grammar)
-        return None if masks is None else spec.to_draft_mask(masks.draft_row(j, previous))
+    def allowed(j, previous):  # the packed mask of draft j (None: no grammar)
+        return None if masks is None else masks.draft_row(j, previous)
 
     drafts, draft_probs = pending[:, None][:, :0], None  # k = 0: no draft; the draft does not run
     if k > 0:
@@ -106,10 +106,11 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
 
 def pick_draft(spec, settings: CycleSettings, noise: CycleNoise, logits: torch.Tensor, j: int,
                allowed: torch.Tensor | None = None):
-    """Draft token j (target ids) from the draft's logits [B, Vd] (only where `allowed` [B, Vd] is
-    True, when given) and, when sampling, the distribution it was drawn from [B, V]."""
+    """Draft token j (target ids) from the draft's logits [B, Vd] (only where the grammar's packed
+    mask `allowed` [B, W] int32 allows, when given) and, when sampling, the distribution it was drawn
+    from [B, V]."""
     if allowed is not None:
-        logits = mask_logits(logits, allowed)
+        logits = mask_logits(logits, spec.to_draft_mask(unpack_bitmask(allowed, spec.vocab_size)))
     if settings.sampling:
         q = spec.to_target_probs(noise.warping.probs(logits[:, None])[:, 0])
         token = race_sample(q, noise.race[:, j])
@@ -134,7 +135,8 @@ def draft_step(run, spec, settings: CycleSettings, noise: CycleNoise, j: int, to
 def verify_and_extend(run, spec, settings: CycleSettings, noise: CycleNoise, pending, drafts, draft_probs,
                       committed_len, block_table, spec_rows, draft_logits, draft_hidden,
                       allowed: torch.Tensor | None = None):
-    """The verify of [pending, drafts] (its k+1 rows masked by `allowed` [B, k+1, V] when given),
+    """The verify of [pending, drafts] (its k+1 rows masked by the grammar's packed masks `allowed`
+    [B, k+1, W] int32, unpacked here, when given),
     acceptance, and the draft's extend over the verified positions: chain_cycle's outputs."""
     k, offset, block_size = drafts.shape[1], settings.draft_offset, settings.block_size
     num_seqs = pending.shape[0]
@@ -145,7 +147,7 @@ def verify_and_extend(run, spec, settings: CycleSettings, noise: CycleNoise, pen
     logits, features = run("verify", {**verify_inputs(pending, drafts, committed_len, block_table, block_size),
                                       "seq_rows": spec_rows})  # (seq_rows: a vision-language base's M-RoPE rows)
     if allowed is not None:  # row j: what the grammar allows after drafts[:j]
-        logits = mask_logits(logits, allowed.view(num_seqs * (k + 1), -1))
+        logits = mask_logits(logits, unpack_bitmask(allowed, spec.vocab_size).view(num_seqs * (k + 1), -1))
     if k == 0:  # plain decoding: the verify's token; the draft did not run (its outputs pass through)
         next_token = race_sample(probs(logits, 1)[:, 0], noise.race[:, 0]) if settings.sampling else greedy(logits)
         return torch.zeros_like(pending), next_token, drafts, draft_logits, draft_hidden, features[:, None]

@@ -46,9 +46,11 @@ class EngineGrammars:
         grammar); None when none of them has one."""
         if all(r.grammar is None for r in requests):
             return None
+        from eagle_fx.structured.bitmask import unpack_bitmask
         from eagle_fx.structured.cycle_masks import CycleMasks
 
-        return CycleMasks([r.grammar for r in requests], self.vocab_size, 0, device).draft_row(0, None)
+        words = CycleMasks([r.grammar for r in requests], self.vocab_size, 0, device).draft_row(0, None)
+        return unpack_bitmask(words, self.vocab_size)
 
     def cycle_masks(self, requests, num_drafts: int, device, stats=None):
         """The CycleMasks of a cycle of `requests` (every one with a grammar); stats: the

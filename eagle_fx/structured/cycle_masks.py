@@ -3,12 +3,13 @@
 A cycle of k drafts needs k + 1 masks per request: row j allows the tokens the grammar allows after
 the committed output and drafts d_1..d_j. Row j is also what draft d_{j+1} is chosen under, so the
 draft proposes only tokens the grammar allows (its acceptance does not suffer from proposals the
-verify must reject), and the verify takes all k + 1 rows as one mask tensor:
+verify must reject), and the verify takes all k + 1 rows as one mask tensor. Rows are xgrammar's packed bitmasks (int32 words,
+eagle_fx.structured.bitmask), unpacked on the device inside the cycle's graphs:
 
     masks = CycleMasks(states, vocab_size, k, device)   # states: GrammarState or None per request
-    allowed_0 = masks.draft_row(0, None)                # [B, V] bool: d_1 is picked under it
-    allowed_j = masks.draft_row(j, d_j)                 # after d_j (j = 1..k-1)
-    allowed = masks.verify_rows(drafts)                 # [B, k+1, V]; every matcher back where it was
+    words_0 = masks.draft_row(0, None)                  # [B, W] int32: d_1 is picked under it
+    words_j = masks.draft_row(j, d_j)                   # after d_j (j = 1..k-1)
+    words = masks.verify_rows(drafts)                   # [B, k+1, W]; every matcher back where it was
 
 Rows are filled on the host by each request's xgrammar matcher, which walks the drafts tentatively
 and is rolled back at the end (the engine then commits the tokens the cycle accepted). A request
@@ -24,7 +25,7 @@ import time
 
 import torch
 
-from eagle_fx.structured.bitmask import bitmask_width, unpack_bitmask
+from eagle_fx.structured.bitmask import bitmask_width
 from eagle_fx.structured.matcher import ALL_ALLOWED, GrammarState, allowed
 
 
@@ -44,18 +45,20 @@ class CycleMasks:
         self._filled = 0  # rows filled so far
 
     def draft_row(self, j: int, previous: torch.Tensor | None) -> torch.Tensor:
-        """bool [B, V]: row j, after the drafts so far; previous [B] is draft d_j (None for j = 0)."""
+        """int32 [B, W] on the device: row j, after the drafts so far; previous [B] is draft j (None
+        for j = 0)."""
         self._fill_row(j, previous)
-        return unpack_bitmask(self.words[:, j].to(self.device), self.vocab_size)
+        return self.words[:, j].to(self.device)
 
     def verify_rows(self, drafts: torch.Tensor) -> torch.Tensor:
-        """bool [B, k+1, V]: every row (the last after d_k); the matchers are rolled back after it."""
+        """int32 [B, k+1, W] on the device: every row (the last after d_k); the matchers are rolled
+        back after it."""
         try:
             for j in range(self._filled, self.num_drafts + 1):
                 self._fill_row(j, drafts[:, j - 1] if j > 0 else None)
         finally:
             self.rollback()
-        return unpack_bitmask(self.words.to(self.device), self.vocab_size)
+        return self.words.to(self.device)
 
     def rollback(self) -> None:
         """Every matcher back at its request's committed output (idempotent)."""

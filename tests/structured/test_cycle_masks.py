@@ -33,10 +33,10 @@ def test_cycle_masks_equal_masks_for_chain_along_a_document(compiler, tokenizer,
             drafts[rng.randrange(k)] = rng.randrange(V)
         expected, valid = state.masks_for_chain(drafts)
         masks = CycleMasks([state, None], V, k, "cpu", stats)
-        rows = [masks.draft_row(0, None)]
+        rows = [unpack_bitmask(masks.draft_row(0, None), V)]
         for j in range(1, k):
-            rows.append(masks.draft_row(j, torch.tensor([drafts[j - 1], 7])))
-        allowed = masks.verify_rows(torch.tensor([drafts, [7] * k]).view(2, k))
+            rows.append(unpack_bitmask(masks.draft_row(j, torch.tensor([drafts[j - 1], 7])), V))
+        allowed = unpack_bitmask(masks.verify_rows(torch.tensor([drafts, [7] * k]).view(2, k)), V)
         assert allowed.shape == (2, k + 1, V) and allowed.dtype == torch.bool
         for j in range(k):  # the draft rows are the verify's
             assert torch.equal(rows[j], allowed[:, j])
