@@ -26,9 +26,11 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if bitmask.shape[-1] * 32 < vocab_size:
         raise ValueError(f"a bitmask of {bitmask.shape[-1]} words covers {bitmask.shape[-1] * 32} tokens, fewer than "
                          f"vocab_size={vocab_size}; allocate {bitmask_width(vocab_size)} words per row")
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [..., W, 32]: bit b of word w is token 32 * w + b
-    return bits.flatten(-2)[..., :vocab_size] != 0
+    # token t's word and bit, gathered per token (no flatten-and-cut of a [..., W, 32] view: inductor
+    # fails to lower that slice with dynamic sizes)
+    tokens = torch.arange(vocab_size, device=bitmask.device)
+    words = bitmask.index_select(-1, tokens // 32)  # [..., vocab_size]
+    return ((words >> (tokens % 32).to(torch.int32)) & 1) != 0
 
 
 def mask_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

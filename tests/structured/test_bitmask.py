@@ -93,9 +93,10 @@ def test_traces_with_make_fx_symbolic():
     assert torch.equal(gm(other_logits, other_bitmask), xgrammar_masked(other_logits, other_bitmask, 77))
 
 
-def test_compiles_in_one_graph():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])  # (the grammar cycle runs it under inductor)
+def test_compiles_in_one_graph(backend):
     torch._dynamo.reset()
-    compiled = torch.compile(masked, fullgraph=True, backend="aot_eager", dynamic=True)
+    compiled = torch.compile(masked, fullgraph=True, backend=backend, dynamic=True)
     for rows, vocab_size in ((4, 77), (2, 77), (3, 100)):
         bitmask, logits = random_bitmask(rows, vocab_size, seed=rows), torch.randn(rows, vocab_size)
         assert torch.equal(compiled(logits, bitmask), xgrammar_masked(logits, bitmask, vocab_size))
