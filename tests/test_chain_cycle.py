@@ -181,24 +181,32 @@ def test_synthetic_acceptance_follows_its_coin():
         cycle.use_synthetic_acceptance(1.5)
 
 
+def traced_chain_cycle(model, k: int, traced: list | None = None):
+    """A ChainCycle of the model's step graphs at k, compiled by dynamo (fullgraph, dynamic sizes) with
+    a backend that appends each graph it traced to `traced` and runs it as traced (cheap: no
+    inductor). Returns (the cycle, traced)."""
+    from eagle_fx.runtime.chain_cycle import ChainCycle
+
+    traced = [] if traced is None else traced
+
+    def counting_backend(gm, example_inputs):
+        traced.append(gm)
+        return gm.forward
+
+    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
+    cycle = ChainCycle(graphs, model.signatures, model.spec, k, model.draft_offset, model.options.block_size,
+                       compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True))
+    return cycle, traced
+
+
 def test_one_compiled_cycle_serves_every_sampling_setting():
     """Temperature, top-k and top-p are tensor inputs of the compiled cycle: after the first sampled
     generate, generates with other settings compile nothing new (dynamo traced with a counting
     backend, cheap); and the compiled cycle samples exactly what the same function run over the
     executor samples from the same seed (same noise, same tokens)."""
-    from eagle_fx.runtime.chain_cycle import ChainCycle
-
     model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), num_spec_tokens=3, max_batch_size=2,
                              max_seq_len=64)
-    compiles = []
-
-    def counting_backend(gm, example_inputs):
-        compiles.append(gm)
-        return gm.forward
-
-    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
-    cycle = ChainCycle(graphs, model.signatures, model.spec, 3, model.draft_offset, model.options.block_size,
-                       compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True))
+    cycle, compiles = traced_chain_cycle(model, 3)
     prompts = make_prompts(2, lengths=(6, 6))
     settings = [dict(temperature=0.8, top_p=0.9), dict(temperature=1.3, top_k=5), dict(temperature=0.5, top_k=3,
                                                                                        top_p=0.7)]
@@ -218,25 +226,16 @@ def test_compiled_cycles_of_every_k_and_setting_do_not_share_one_recompile_budge
     several, greedy and sampling, are more variants than dynamo's recompile limit (8) allows one
     code object; each variant has a code object of its own, so none is refused (it was:
     FailOnRecompileLimitHit)."""
-    from eagle_fx.runtime.chain_cycle import ChainCycle
     from eagle_fx.runtime.sampling import Sampler
 
     model = eagle_fx.compile(tiny_base("llama1"), tiny_draft("llama1", "eagle"), num_spec_tokens=3, max_batch_size=2,
                              max_seq_len=64)
-    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
     compiles = []
-
-    def counting_backend(gm, example_inputs):
-        compiles.append(gm)
-        return gm.forward
-
     torch._dynamo.reset()
     long = dict(dtype=torch.long)
     spec = model.spec
     for k in range(4):
-        cycle = ChainCycle(graphs, model.signatures, spec, k, model.draft_offset, model.options.block_size,
-                           compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True,
-                                                             dynamic=True))
+        cycle, _ = traced_chain_cycle(model, k, compiles)
         for num_seqs, sampler in [(1, Sampler()), (2, Sampler()), (2, Sampler.for_call(0.8, 1.0, 0, 1, "cpu"))]:
             table = torch.arange(2 * num_seqs, **long).view(num_seqs, 2)
             cycle(model.executor, sampler, torch.zeros(num_seqs, **long), torch.full((num_seqs,), 5, **long), table,
@@ -249,22 +248,13 @@ def test_a_compiled_cycle_called_on_a_view_is_not_traced_again_for_a_tensor_that
     """dynamo guards a view's base: the serving engine's cost probe passed a table made by .view()
     and serving passes cut-and-copied ones, so every k compiled at the probe was traced again inside
     the first requests (25-45 s of inductor each). Views get storage of their own before the call."""
-    from eagle_fx.runtime.chain_cycle import ChainCycle
     from eagle_fx.runtime.sampling import Sampler
 
     model = eagle_fx.compile(tiny_base("llama1"), tiny_draft("llama1", "eagle"), num_spec_tokens=2, max_batch_size=2,
                              max_seq_len=64)
-    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
-    compiles = []
-
-    def counting_backend(gm, example_inputs):
-        compiles.append(gm)
-        return gm.forward
-
     torch._dynamo.reset()
     long, spec = dict(dtype=torch.long), model.spec
-    cycle = ChainCycle(graphs, model.signatures, spec, 2, model.draft_offset, model.options.block_size,
-                       compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True))
+    cycle, compiles = traced_chain_cycle(model, 2)
     logits, hidden = torch.zeros(4, spec.vocab_size), torch.zeros(4, spec.draft_hidden_size)
     tables = [torch.arange(6, **long).view(2, 3),  # a view of a longer tensor
               torch.arange(6, **long).view(2, 3)[:, :2],  # a cut of one

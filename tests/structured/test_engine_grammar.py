@@ -115,21 +115,11 @@ def test_a_compiled_cycle_runs_under_a_grammar_as_compiled_pieces(pair):
     """With a compiled chain cycle (here dynamo with fullgraph and a backend that runs what it
     traced), a cycle under grammar masks runs its draft steps and its verify + extend as compiled
     pieces, the host filling each draft's mask between them: the same oracle."""
-    from eagle_fx.runtime.chain_cycle import ChainCycle
+    from test_chain_cycle import traced_chain_cycle  # (tests/ is on the path: no __init__.py there)
 
     tok, base, draft, prompts = pair
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=512)
-    traced = []
-
-    def tracing_backend(gm, example_inputs):
-        traced.append(gm)
-        return gm.forward
-
-    graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
-    model.chain_cycle = ChainCycle(graphs, model.signatures, model.spec, 3, model.draft_offset,
-                                   model.options.block_size,
-                                   compiler=lambda fn: torch.compile(fn, backend=tracing_backend, fullgraph=True,
-                                                                     dynamic=True))
+    model.chain_cycle, traced = traced_chain_cycle(model, 3)
     engine = Engine(model, tok, speculation=3)
     spec = SPECS["regex"]
     ids = [engine.add_request(p, SamplingParams(max_tokens=40, response_format=spec)) for p in prompts[1:3]]
