@@ -54,7 +54,7 @@ class CycleSettings:
     block_size: int
     sampling: bool = False  # False: every row greedy (no warping, no noise)
     forced_drafts: bool = False  # a test oracle's tokens replace the draft's where they are >= 0
-    grammar: bool = False  # drafts and verify under grammar masks (noise.masks; run as Python, never compiled)
+    grammar: bool = False  # drafts and verify under grammar masks (noise.masks; the cycle runs in pieces)
     # the bench's real-proportions mode only: each draft position accepted by a coin of this
     # probability (from `uniforms`), not by matching; the output is then NOT the base's greedy
     synthetic_acceptance: float | None = None
@@ -136,8 +136,8 @@ def verify_and_extend(run, spec, settings: CycleSettings, noise: CycleNoise, pen
                       committed_len, block_table, spec_rows, draft_logits, draft_hidden,
                       allowed: torch.Tensor | None = None):
     """The verify of [pending, drafts] (its k+1 rows masked by the grammar's packed masks `allowed`
-    [B, k+1, W] int32, unpacked here, when given),
-    acceptance, and the draft's extend over the verified positions: chain_cycle's outputs."""
+    [B, k+1, W] int32, unpacked here, when given), acceptance, and the draft's extend over the
+    verified positions: chain_cycle's outputs."""
     k, offset, block_size = drafts.shape[1], settings.draft_offset, settings.block_size
     num_seqs = pending.shape[0]
 
@@ -308,8 +308,8 @@ class ChainCycle:
         """One cycle of the sequences (see chain_cycle). sampler: the call's Sampler; tables: the
         wave's WaveTables (a vision-language base) or None; forced [B, k]: a test oracle's draft
         tokens (-1: the draft's own; greedy only); masks: the rows' grammar masks (a CycleMasks of
-        eagle_fx.structured; the cycle then runs as Python over the step graphs: the masks of draft
-        j+1 come from the host's matchers after draft j)."""
+        eagle_fx.structured; the masks of draft j+1 come from the host's matchers after draft j, so
+        the cycle runs in pieces: compiled ones when the whole cycle would be, else the executor's)."""
         settings = self.base_settings
         num_seqs, k, device = pending.shape[0], settings.num_spec_tokens, pending.device
         noise = CycleNoise(forced=forced, masks=masks)

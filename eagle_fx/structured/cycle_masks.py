@@ -3,8 +3,9 @@
 A cycle of k drafts needs k + 1 masks per request: row j allows the tokens the grammar allows after
 the committed output and drafts d_1..d_j. Row j is also what draft d_{j+1} is chosen under, so the
 draft proposes only tokens the grammar allows (its acceptance does not suffer from proposals the
-verify must reject), and the verify takes all k + 1 rows as one mask tensor. Rows are xgrammar's packed bitmasks (int32 words,
-eagle_fx.structured.bitmask), unpacked on the device inside the cycle's graphs:
+verify must reject), and the verify takes all k + 1 rows as one mask tensor. Rows are xgrammar's
+packed bitmasks (int32 words, eagle_fx.structured.bitmask), unpacked on the device inside the
+cycle's graphs:
 
     masks = CycleMasks(states, vocab_size, k, device)   # states: GrammarState or None per request
     words_0 = masks.draft_row(0, None)                  # [B, W] int32: d_1 is picked under it
@@ -26,7 +27,7 @@ import time
 import torch
 
 from eagle_fx.structured.bitmask import bitmask_width
-from eagle_fx.structured.matcher import ALL_ALLOWED, GrammarState, allowed
+from eagle_fx.structured.matcher import ALL_ALLOWED, GrammarState
 
 
 class CycleMasks:
@@ -87,12 +88,9 @@ class CycleMasks:
             if j == 0:
                 state.allowed_now(out=self.words[b, 0])  # a GrammarError where nothing is allowed
                 continue
-            token = int(tokens[b])
-            if not (0 <= token < self.vocab_size and allowed(self._numpy[b, j - 1], token)):
+            if not state.take_draft(int(tokens[b]), self._numpy[b, j - 1]):
                 self._following[b] = False  # the verify's row j-1 rejects this draft
                 continue
-            if not state.matcher.accept_token(token):
-                raise RuntimeError(f"xgrammar's mask allowed token {token} but its matcher rejected it")
             self._walked[b] += 1
             if state.matcher.is_terminated():
                 self._following[b] = False  # a stop token: the request ends there

@@ -99,11 +99,8 @@ class GrammarState:
         valid = 1
         try:
             for j, token in enumerate(drafts, start=1):
-                token = int(token)
-                if not (0 <= token < self.vocab_size and allowed(words[j - 1], token)):
+                if not self.take_draft(int(token), words[j - 1]):
                     break
-                if not self.matcher.accept_token(token):
-                    raise RuntimeError(f"xgrammar's mask allowed token {token} but its matcher rejected it")
                 accepted += 1
                 if self.matcher.is_terminated():
                     break
@@ -113,6 +110,15 @@ class GrammarState:
             if accepted:
                 self.matcher.rollback(accepted)
         return rows, valid
+
+    def take_draft(self, token: int, row) -> bool:
+        """Accept a draft tentatively (the caller rolls it back) if `row` (the int32 words of the mask
+        it was drafted under) allows it; False, the matcher unchanged, where it does not."""
+        if not (0 <= token < self.vocab_size and allowed(row, token)):
+            return False
+        if not self.matcher.accept_token(token):
+            raise RuntimeError(f"xgrammar's mask allowed token {token} but its matcher rejected it")
+        return True
 
     def _rows(self, n: int, out: torch.Tensor | None) -> torch.Tensor:
         if out is None:
