@@ -13,12 +13,12 @@ and the padded draft extend over the k+1 verified positions.
   vision-language base's wave tables, observers, per-graph profiling): the same function, run as
   Python, each step graph called through `Executor.step` / `Executor.call`.
 
-Under grammar masks (structured output, eagle_fx.structured.cycle_masks) the mask of draft j+1
-comes from the host's matchers after draft j, so the cycle runs as Python between its pieces: the
-draft steps and the verify + extend, each compiled as the whole cycle is (or through the executor).
+Under grammar masks (structured output) the mask of draft j+1 comes from the host's matchers after
+draft j, and the verify's rows after every draft: the cycle calls them as ops
+(eagle_fx.structured.mask_op), so a compiled cycle under a grammar is still one compiled call.
 
 Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
-inside reads a value on the host (the attention of these graphs is device-side, see
+inside reads a value on the host but the grammar's mask ops (the attention of these graphs is device-side, see
 passes/mark_uniform_queries.py). The host reads the outputs once per cycle (runtime.scheduler).
 
 Sampling (eagle_fx.runtime.sampling): temperature, top-k and top-p are per-row tensors (inputs,
@@ -28,6 +28,7 @@ uniforms; both noise tensors come from the call's generator outside the graph.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ from eagle_fx.runtime.sampling import Warping, greedy, race_sample
 from eagle_fx.runtime.stats import CHAIN_CYCLE
 from eagle_fx.runtime.step_inputs import draft_step_inputs, extend_inputs, verify_inputs
 from eagle_fx.runtime.verifier import greedy_accept, rejection_accept
-from eagle_fx.structured.bitmask import mask_logits, unpack_bitmask
+from eagle_fx.structured.bitmask import bitmask_width, mask_logits, unpack_bitmask
+from eagle_fx.structured.mask_op import filling, grammar_draft_row, grammar_verify_rows
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class CycleSettings:
     block_size: int
     sampling: bool = False  # False: every row greedy (no warping, no noise)
     forced_drafts: bool = False  # a test oracle's tokens replace the draft's where they are >= 0
-    grammar: bool = False  # drafts and verify under grammar masks (noise.masks; the cycle runs in pieces)
+    grammar: bool = False  # drafts and verify under grammar masks (eagle_fx.structured.mask_op's ops)
     # the bench's real-proportions mode only: each draft position accepted by a coin of this
     # probability (from `uniforms`), not by matching; the output is then NOT the base's greedy
     synthetic_acceptance: float | None = None
@@ -68,40 +70,39 @@ class CycleNoise:
     uniforms: torch.Tensor | None = None  # [B, k] the acceptance test's (or the synthetic coin's)
     race: torch.Tensor | None = None  # [B, k+1, V] Exp(1): the draft tokens and the next token
     forced: torch.Tensor | None = None  # [B, k] forced draft tokens (-1: the draft's own)
-    masks: object = None  # eagle_fx.structured.cycle_masks.CycleMasks: each row's grammar (structured output)
 
 
 def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, committed_len: torch.Tensor,
                 block_table: torch.Tensor, spec_rows: torch.Tensor, draft_logits: torch.Tensor,
-                draft_hidden: torch.Tensor, noise: CycleNoise, pieces=None):
+                draft_hidden: torch.Tensor, noise: CycleNoise):
     """One cycle for B sequences. run(graph, values) -> the graph's outputs. pending [B] (the last
     sampled token), committed_len [B], block_table [B, blocks], spec_rows [B], draft_logits [B, Vd]
     / draft_hidden [B, H] (the draft's last call). Returns accepted [B], next_token [B], drafts
     [B, k], the extend's draft_logits / draft_hidden, and the base's features at the k+1 verified
     positions [B, k+1, F]. k = 0 is plain decoding: the verify of the pending token alone, no draft
-    (draft_logits / draft_hidden pass through). settings.grammar: noise.masks gives each draft's
-    mask after the drafts before it, and the verify's rows (host work between the steps). pieces:
-    (draft_step, verify_and_extend) to call instead of this module's (compiled ones, ChainCycle)."""
+    (draft_logits / draft_hidden pass through). settings.grammar: each draft is picked under its
+    grammar mask and the verify's rows are masked, the masks from eagle_fx.structured.mask_op's ops
+    (the caller runs the cycle inside `filling(masks)`)."""
     k, offset = settings.num_spec_tokens, settings.draft_offset
-    step, verify = pieces or (draft_step, verify_and_extend)
-    masks = noise.masks if settings.grammar else None
+    width = bitmask_width(spec.vocab_size)
 
-    def allowed(j, previous):  # the packed mask of draft j (None: no grammar)
-        return None if masks is None else masks.draft_row(j, previous)
+    def allowed(j, previous):  # the packed mask of draft j+1, after draft j = previous (None: no grammar)
+        return grammar_draft_row(previous, j, width) if settings.grammar else None
 
     drafts, draft_probs = pending[:, None][:, :0], None  # k = 0: no draft; the draft does not run
     if k > 0:
-        token, q = pick_draft(spec, settings, noise, draft_logits, 0, allowed(0, None))
+        token, q = pick_draft(spec, settings, noise, draft_logits, 0, allowed(0, pending))
         tokens, probs, hidden = [token], [q], draft_hidden
         for j in range(1, k):
-            token, q, hidden = step(run, spec, settings, noise, j, token, committed_len - 1 + j + offset, hidden,
-                                    committed_len, block_table, spec_rows, allowed(j, token))
+            token, q, hidden = draft_step(run, spec, settings, noise, j, token, committed_len - 1 + j + offset, hidden,
+                                          committed_len, block_table, spec_rows, allowed(j, token))
             tokens.append(token)
             probs.append(q)
         drafts = torch.stack(tokens, dim=1)
         draft_probs = torch.stack(probs, dim=1) if settings.sampling else None
-    return verify(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table, spec_rows,
-                  draft_logits, draft_hidden, None if masks is None else masks.verify_rows(drafts))
+    rows = grammar_verify_rows(drafts, width) if settings.grammar else None
+    return verify_and_extend(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table,
+                             spec_rows, draft_logits, draft_hidden, rows)
 
 
 def pick_draft(spec, settings: CycleSettings, noise: CycleNoise, logits: torch.Tensor, j: int,
@@ -184,27 +185,6 @@ def _compiled_cycle(graphs, signatures, spec, settings):
     return cycle
 
 
-def _compiled_pieces(graphs, signatures, spec, settings, compiler):
-    """draft_step and verify_and_extend, each compiled as the whole cycle is (frozen weights), for
-    chain_cycle(pieces=...) under grammar masks: the host fills each draft's mask between them.
-    Each takes the draft or verify's own noise (draft j's race and forced columns as column 0)."""
-
-    def step_piece(pools, token, position, hidden, committed_len, block_table, spec_rows, allowed, noise):
-        run = partial(call_graphs, graphs, signatures, pools)
-        return draft_step(run, spec, settings, noise, 0, token, position, hidden, committed_len, block_table,
-                          spec_rows, allowed)
-
-    def verify_piece(pools, pending, drafts, draft_probs, committed_len, block_table, spec_rows, draft_logits,
-                     draft_hidden, allowed, noise):
-        run = partial(call_graphs, graphs, signatures, pools)
-        return verify_and_extend(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table,
-                                 spec_rows, draft_logits, draft_hidden, allowed)
-
-    name = _cycle_name(settings)
-    return (compiler(_own_code(step_piece, f"{name}_grammar_draft_step")),
-            compiler(_own_code(verify_piece, f"{name}_grammar_verify")))
-
-
 def _cycle_name(settings: CycleSettings) -> str:
     return (f"chain_cycle_k{settings.num_spec_tokens}_o{settings.draft_offset}_b{settings.block_size}"
             f"{'_sampling' if settings.sampling else ''}{'_forced' if settings.forced_drafts else ''}"
@@ -253,7 +233,7 @@ class ChainCycle:
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec = graphs, signatures, spec
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
-        self._fns: dict = {}  # compiled cycles by CycleSettings, pieces by ('pieces', settings)
+        self._fns: dict = {}  # compiled cycles by CycleSettings
         self._coin: torch.Generator | None = None  # set by use_synthetic_acceptance (the bench)
 
     def use_synthetic_acceptance(self, probability: float, seed: int = 0) -> None:
@@ -274,28 +254,6 @@ class ChainCycle:
             self._fns[settings] = fn
         return fn
 
-    def _pieces(self, settings: CycleSettings, pools: dict):
-        """chain_cycle's pieces for a compiled cycle under grammar masks (see _compiled_pieces)."""
-        compiled = self._fns.get(("pieces", settings))
-        if compiled is None:
-            compiled = self._fns[("pieces", settings)] = _compiled_pieces(self.graphs, self.signatures, self.spec,
-                                                                          settings, self._compiler)
-        step_fn, verify_fn = compiled
-
-        def step(run, spec, settings, noise, j, token, position, hidden, committed_len, block_table, spec_rows,
-                 allowed):
-            column = slice(j, j + 1)
-            own = CycleNoise(warping=noise.warping, race=None if noise.race is None else noise.race[:, column],
-                             forced=None if noise.forced is None else noise.forced[:, column])
-            return step_fn(pools, token, position, hidden, committed_len, block_table, spec_rows, allowed, own)
-
-        def verify(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table, spec_rows,
-                   draft_logits, draft_hidden, allowed):
-            return verify_fn(pools, pending, drafts, draft_probs, committed_len, block_table, spec_rows, draft_logits,
-                             draft_hidden, allowed, dataclasses.replace(noise, masks=None))
-
-        return step, verify
-
     def compiled_for(self, executor, tables, graph_by_graph: bool) -> bool:
         """Whether a call runs the compiled cycle: not when its graph calls must go through the
         executor (static buffers, a wave's image tables, observers, per-graph profiling)."""
@@ -308,11 +266,10 @@ class ChainCycle:
         """One cycle of the sequences (see chain_cycle). sampler: the call's Sampler; tables: the
         wave's WaveTables (a vision-language base) or None; forced [B, k]: a test oracle's draft
         tokens (-1: the draft's own; greedy only); masks: the rows' grammar masks (a CycleMasks of
-        eagle_fx.structured; the masks of draft j+1 come from the host's matchers after draft j, so
-        the cycle runs in pieces: compiled ones when the whole cycle would be, else the executor's)."""
+        eagle_fx.structured, filled by the cycle's mask ops as it runs: one compiled call still)."""
         settings = self.base_settings
         num_seqs, k, device = pending.shape[0], settings.num_spec_tokens, pending.device
-        noise = CycleNoise(forced=forced, masks=masks)
+        noise = CycleNoise(forced=forced)
         if masks is not None:
             settings = dataclasses.replace(settings, grammar=True)
         if forced is not None:
@@ -328,15 +285,12 @@ class ChainCycle:
             noise.race = sampler.race((num_seqs, k + 1, self.spec.vocab_size), device)
         elif settings.synthetic_acceptance is not None:
             noise.uniforms = torch.rand(num_seqs, k, generator=self._coin, device=device)
-        with torch.no_grad():
+        with torch.no_grad(), (filling(masks) if masks is not None else contextlib.nullcontext()):
             if self.compiled_for(executor, tables, graph_by_graph):
                 if block_table.shape[1] < 2:  # a second column (block 0, past every position: masked)
                     block_table = torch.cat([block_table, torch.zeros_like(block_table)], dim=1)
                 inputs = [_own_storage(t) for t in (pending, committed_len, block_table, spec_rows, draft_logits,
                                                     draft_hidden)]
-                if masks is not None:  # the host fills each draft's mask: compiled pieces, the host between them
-                    pieces = self._pieces(settings, executor.kv_cache.pools_by_side())
-                    return chain_cycle(None, self.spec, settings, *inputs, noise, pieces=pieces)
                 started = profiler.start() if profiler is not None else 0.0
                 out = self._compiled(settings)(executor.kv_cache.pools_by_side(), *inputs, noise)
                 if profiler is not None:

@@ -308,8 +308,6 @@ class Engine:
             self.off_events["cost"] += 1
         self.current_k = k
         groups = [(k, spec), (0, off)] if k > 0 else [(0, spec + off)]
-        # requests with a grammar: a cycle of their own (masked, in pieces), the rest the one compiled cycle
-        groups = [(k, [r for r in g if (r.grammar is not None) == masked]) for k, g in groups for masked in (False, True)]
         for k, group in groups:
             if group:
                 if k > 0:
@@ -340,7 +338,7 @@ class Engine:
         table = self._table(slots, max(r.committed for r in group))
         started = time.perf_counter()
         forced, masks = None, None
-        if group[0].grammar is not None:
+        if any(r.grammar is not None for r in group):  # (rows of requests without one: all-allowed)
             masks = self.grammars.cycle_masks(group, k, self.device, self.stats)
         if self.model.forced_drafts is not None and k > 0:  # a test oracle's tokens for the drafts
             forced = torch.as_tensor(self.model.forced_drafts([r.context for r in group], k), **long)
@@ -351,7 +349,7 @@ class Engine:
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
         seconds = time.perf_counter() - started
-        if masks is None:  # (a grammar's cycle runs in pieces: not what choose_k's costs are of)
+        if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
             self.costs.observe(k, size, seconds)
         self._cycle_seconds += seconds
         self._cycles_run += 1

@@ -53,8 +53,8 @@ class EngineGrammars:
         return unpack_bitmask(words, self.vocab_size)
 
     def cycle_masks(self, requests, num_drafts: int, device, stats=None):
-        """The CycleMasks of a cycle of `requests` (every one with a grammar); stats: the
-        SpecDecodeStats that counts its cycles and host seconds."""
+        """The CycleMasks of a cycle of `requests` (those without a grammar get all-allowed rows);
+        stats: the SpecDecodeStats that counts its cycles and host seconds."""
         from eagle_fx.structured.cycle_masks import CycleMasks
 
         return CycleMasks([r.grammar for r in requests], self.vocab_size, num_drafts, device, stats)

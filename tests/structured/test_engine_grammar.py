@@ -111,21 +111,35 @@ def test_generate_takes_a_response_format(pair, model):
         tree.generate([prompts[0]], max_new_tokens=4, response_format=spec, tokenizer=tok)
 
 
-def test_a_compiled_cycle_runs_under_a_grammar_as_compiled_pieces(pair):
+def test_a_compiled_cycle_under_a_grammar_is_one_graph_with_the_mask_ops_inside(pair):
     """With a compiled chain cycle (here dynamo with fullgraph and a backend that runs what it
-    traced), a cycle under grammar masks runs its draft steps and its verify + extend as compiled
-    pieces, the host filling each draft's mask between them: the same oracle."""
+    traced), a cycle under grammar masks is one traced graph whose masks come from the grammar ops
+    inside it (eagle_fx.structured.mask_op: the host's matchers called back from the graph), for a
+    batch of grammar requests and one without: the same oracles."""
     from test_chain_cycle import traced_chain_cycle  # (tests/ is on the path: no __init__.py there)
 
     tok, base, draft, prompts = pair
-    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=512)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=3, max_seq_len=512)
     model.chain_cycle, traced = traced_chain_cycle(model, 3)
     engine = Engine(model, tok, speculation=3)
     spec = SPECS["regex"]
-    ids = [engine.add_request(p, SamplingParams(max_tokens=40, response_format=spec)) for p in prompts[1:3]]
+    formats = [spec, spec, None]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=40, response_format=f))
+           for p, f in zip(prompts[1:4], formats)]
     outs = finish(engine, ids)
     compiled = engine.grammars.compiled(spec, frozenset({EOS}))
     for prompt, out in zip(prompts[1:3], outs):
         assert out.token_ids == hf_grammar_greedy(base, prompt, compiled, 40, EOS)
+    want = base.generate(torch.tensor([prompts[3]]), max_new_tokens=40, do_sample=False, eos_token_id=EOS,
+                         pad_token_id=0)[0, len(prompts[3]):].tolist()
+    assert outs[2].token_ids == want  # in the grammar's cycle, all-allowed rows: plain HF greedy
     assert engine.stats.grammar_cycles > 0
-    assert traced  # the pieces ran compiled (only grammar requests ran: the whole cycle never did)
+    # a graph per batch size and kind seen: the grammar's cycle at 3 and 2 sequences, then the free
+    # text request alone in the plain cycle
+    counts = []
+    for gm in traced:
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        counts.append((targets.count("eagle_fx.grammar_draft_row.default"),
+                       targets.count("eagle_fx.grammar_verify_rows.default")))
+    assert (3, 1) in counts  # k = 3: rows 0..2 for the drafts, then the verify's k + 1 rows, in one graph
+    assert set(counts) <= {(3, 1), (0, 0)}
