@@ -182,10 +182,11 @@ def test_synthetic_acceptance_follows_its_coin():
 
 
 def traced_chain_cycle(model, k: int, traced: list | None = None):
-    """A ChainCycle of the model's step graphs at k, compiled by dynamo (fullgraph, dynamic sizes) with
-    a backend that appends each graph it traced to `traced` and runs it as traced (cheap: no
-    inductor). Returns (the cycle, traced)."""
+    """A ChainCycle of the model's step graphs at k, compiled by dynamo under the runtime's settings
+    (compile_dynamic: fullgraph, dynamic sizes, no duck shaping) with a backend that appends each
+    graph it traced to `traced` and runs it as traced (cheap: no inductor). Returns (the cycle, traced)."""
     from eagle_fx.runtime.chain_cycle import ChainCycle
+    from eagle_fx.runtime.compiled import compile_dynamic
 
     traced = [] if traced is None else traced
 
@@ -195,7 +196,7 @@ def traced_chain_cycle(model, k: int, traced: list | None = None):
 
     graphs = {name: getattr(model.graphs, name) for name in ("draft_step", "verify", "draft_extend")}
     cycle = ChainCycle(graphs, model.signatures, model.spec, k, model.draft_offset, model.options.block_size,
-                       compiler=lambda fn: torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=True))
+                       compiler=lambda fn: compile_dynamic(fn, fullgraph=True, backend=counting_backend))
     return cycle, traced
 
 

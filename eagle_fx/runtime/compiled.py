@@ -47,9 +47,10 @@ def frozen_weights_config(device: torch.device | str, cpp_wrapper: bool = False,
 
 
 def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str | None = None,
-                    cpp_wrapper: bool = False, autotune: bool = True):
+                    cpp_wrapper: bool = False, autotune: bool = True, backend="inductor"):
     """torch.compile(fn) with inductor, every size dynamic, no duck shaping, without autograd.
     frozen_on (a device): the weights of the modules fn calls frozen (frozen_weights_config).
+    backend: inductor, or (tests) another torch.compile backend traced under the same settings.
 
     The settings only matter when a call traces (the first, or a recompile), and patching them
     costs: four config patches around a call dirty torch's config caches, about 0.2 ms per call on
@@ -57,7 +58,7 @@ def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str |
     therefore first called under torch's "fail_on_recompile" stance, without the patches: a call
     that would trace raises before running anything (one frame, no graph break), and is then
     called again with them."""
-    compiled = torch.compile(fn, backend="inductor", dynamic=True, fullgraph=fullgraph)
+    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=fullgraph)
     settings = frozen_weights_config(frozen_on, cpp_wrapper, autotune) if frozen_on is not None else {}
 
     def traced(*args, **kwargs):

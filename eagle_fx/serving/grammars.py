@@ -65,3 +65,28 @@ def commit(request, tokens: list[int]) -> None:
     if request.grammar is not None and request.grammar.commit(tokens) != len(tokens):
         raise RuntimeError(f"request {request.request_id}: a committed token is not allowed by its grammar "
                            f"({tokens}): the masks and the matcher disagree")
+
+
+@torch.no_grad()
+def compile_grammar_cycles(engine) -> None:
+    """Run each of the engine's cycles (every k it may choose) once under grammar masks, greedy, for
+    one sequence and for two, so that a compiling backend compiles the grammar's cycle variants now
+    and not inside the first structured request (inductor on 2 CPU cores: about a minute each).
+    The rows are all-allowed (no grammar is compiled: xgrammar is still needed); the cycles write
+    only blocks taken from the engine's pool and given back."""
+    from eagle_fx.runtime.sampling import Sampler
+    from eagle_fx.structured.cycle_masks import CycleMasks
+
+    kv, device = engine.kv, engine.device
+    long = dict(dtype=torch.long, device=device)
+    for batch in (1, 2)[:engine.model.options.max_batch_size]:
+        blocks = kv.allocator.allocate(2 * batch)
+        try:
+            table = torch.tensor(blocks, **long).view(batch, 2)
+            for k, cycle in engine.cycles.items():
+                masks = CycleMasks([None] * batch, engine.grammars.vocab_size, k, device)
+                cycle(engine.executor, Sampler(), torch.zeros(batch, **long), torch.ones(batch, **long), table,
+                      torch.arange(batch, **long), engine.draft_logits[:batch].clone(),
+                      engine.draft_hidden[:batch].clone(), masks=masks)
+        finally:
+            kv.allocator.release(blocks)

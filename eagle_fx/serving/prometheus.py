@@ -26,6 +26,12 @@ SCALARS = (
     ("eagle_fx:num_preemptions_total", "counter", "num_preemptions_total", "Cumulative number of preemptions."),
     ("eagle_fx:prefix_cache_hits_total", "counter", "prefix_cache_hit_tokens_total",
      "Prompt tokens served from the prefix cache."),
+    ("eagle_fx:num_requests_structured", "gauge", "num_requests_structured",
+     "Running requests under a grammar (response_format / guided_*)."),
+    ("eagle_fx:grammar_cycles_total", "counter", "grammar_cycles_total",
+     "Speculative cycles run under grammar masks."),
+    ("eagle_fx:grammar_mask_seconds_total", "counter", "grammar_mask_seconds_total",
+     "Host seconds the grammar matchers spent filling the masks of those cycles."),
 )
 
 # (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help)

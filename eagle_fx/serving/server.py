@@ -208,15 +208,20 @@ async def _serve_announcing(server, on_ready) -> None:
 
 def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
           speculation="adaptive", log_level: str = "info", on_ready=None, ks=None,
-          admission: str = "continuous") -> None:
+          admission: str = "continuous", warm_up_structured: bool = False) -> None:
     """Serve `model` (an eagle_fx.compile result) until interrupted. on_ready(host, port) is called
     once uvicorn listens. ks, admission: the Engine's (the k values adaptive speculation chooses
-    from; "continuous" or "waves" admission)."""
+    from; "continuous" or "waves" admission). warm_up_structured: compile the cycles under grammar
+    masks before listening (eagle_fx.serving.grammars.compile_grammar_cycles)."""
     import uvicorn
 
     from eagle_fx.serving.engine import Engine
 
     engine = Engine(model, tokenizer=tokenizer, speculation=speculation, ks=ks, admission=admission)
+    if warm_up_structured:
+        from eagle_fx.serving.grammars import compile_grammar_cycles
+
+        compile_grammar_cycles(engine)
     options = getattr(model, "options", None)
     engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None))
     app = build_app(engine_loop, tokenizer, model_name)

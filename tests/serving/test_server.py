@@ -237,7 +237,8 @@ def test_bad_requests_are_400_with_an_openai_error(served, case):
 
 def test_structured_output_equals_hf_with_the_grammar_and_parses(served):
     """response_format json_schema through the openai client: the token ids equal HF greedy with
-    xgrammar's logits processor for the same grammar, and the text parses and validates."""
+    xgrammar's logits processor for the same grammar, and the text parses and validates; /metrics
+    counts the cycles under the grammar and the matchers' host seconds."""
     pytest.importorskip("xgrammar", reason="structured output is the optional 'structured' extra")
     from structured.hf_oracle import hf_grammar_greedy
     from structured.schema_check import schema_errors
@@ -247,6 +248,7 @@ def test_structured_output_equals_hf_with_the_grammar_and_parses(served):
                              "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
               "required": ["city", "rank", "tags"]}
     messages = [{"role": "user", "content": "Name a city as JSON."}]
+    before = metrics(served)
     r = served.client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=64, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
@@ -258,6 +260,10 @@ def test_structured_output_equals_hf_with_the_grammar_and_parses(served):
     assert ids == hf_grammar_greedy(served.base, served.chat_ids(messages), compiled, 64, served.tok.eos_token_id)
     if r.choices[0].finish_reason == "stop":
         assert schema_errors(json.loads(r.choices[0].message.content), schema) == []
+    after = metrics(served)
+    assert sample(after, "eagle_fx:grammar_cycles_total") > sample(before, "eagle_fx:grammar_cycles_total")
+    assert sample(after, "eagle_fx:grammar_mask_seconds_total") > sample(before, "eagle_fx:grammar_mask_seconds_total")
+    assert sample(after, "eagle_fx:num_requests_structured") == 0  # it finished
 
 
 def test_unknown_model_is_404_and_the_client_sees_it(served):

@@ -143,3 +143,26 @@ def test_a_compiled_cycle_under_a_grammar_is_one_graph_with_the_mask_ops_inside(
                        targets.count("eagle_fx.grammar_verify_rows.default")))
     assert (3, 1) in counts  # k = 3: rows 0..2 for the drafts, then the verify's k + 1 rows, in one graph
     assert set(counts) <= {(3, 1), (0, 0)}
+
+
+def test_compiling_the_grammar_cycles_first_leaves_nothing_to_trace_for_structured_requests(pair):
+    """compile_grammar_cycles (`eagle-fx serve --warm-up-structured`) runs every k's cycle under
+    grammar masks for one sequence and for two: structured requests afterwards trace nothing new,
+    give their blocks back, and still equal the oracle."""
+    from test_chain_cycle import traced_chain_cycle
+
+    from eagle_fx.serving.grammars import compile_grammar_cycles
+
+    tok, base, draft, prompts = pair
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=512)
+    model.chain_cycle, traced = traced_chain_cycle(model, 3)
+    engine = Engine(model, tok, speculation=3)
+    compile_grammar_cycles(engine)
+    assert len(traced) == 2 and engine.metrics()["kv_blocks_used"] == 0  # one sequence, and several
+    spec = SPECS["ebnf"]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=24, response_format=spec)) for p in prompts[:2]]
+    outs = finish(engine, ids)
+    assert len(traced) == 2
+    compiled = engine.grammars.compiled(spec, frozenset({EOS}))
+    for prompt, out in zip(prompts[:2], outs):
+        assert out.token_ids == hf_grammar_greedy(base, prompt, compiled, 24, EOS)
