@@ -41,9 +41,10 @@ def run(args, tokenizer, base, draft, prompts, backend: str) -> dict:
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=backend,
                              max_batch_size=args.max_num_seqs, max_seq_len=max_len)
     runs = {"free text": {}, "grammar": dict(response_format=spec, tokenizer=tokenizer)}
-    try:
-        for kwargs in runs.values():  # warm-up (compiles); a bad grammar is an error here, before the timed run
-            model.generate([prompts[0]], max_new_tokens=min(8, args.output_len), eos_token_id=eos, **kwargs)
+    try:  # warm-up: compiles the cycles of one sequence and of several; a bad grammar is an error here
+        for kwargs in runs.values():
+            for warm in ([prompts[0]], prompts[:min(2, args.max_num_seqs)]):
+                model.generate(warm, max_new_tokens=min(8, args.output_len), eos_token_id=eos, **kwargs)
     except GrammarError as e:
         raise SystemExit(f"eagle-fx bench: --response-format {args.response_format}: {e}") from None
     model.reset()
