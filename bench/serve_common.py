@@ -62,29 +62,28 @@ def hf_greedy(base, prompts, max_new_tokens: int) -> dict[tuple, list[int]]:
     return refs
 
 
+def add_server_flags(ap: argparse.ArgumentParser, max_batch_size: int, out: str) -> None:
+    """The flags both scripts take for their prompts, their servers and their results."""
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="the servers' backend")
+    ap.add_argument("--max-batch-size", type=int, default=max_batch_size, help="the servers' --max-batch-size")
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="the servers' --max-seq-len")
+    ap.add_argument("--start-timeout", type=float, default=900, help="seconds a server may take to compile and listen")
+    ap.add_argument("--out", default=out, help="JSON results")
+
+
 class Server:
     """`python -m eagle_fx.cli serve ...` in a process (and process group) of its own, on a free
     loopback port (--port 0; the port is read from its ready line). Use as a context manager."""
 
-    def __init__(self, args: list[str], name: str = "server", start_timeout: float = 900.0,
-                 recompile_limit: int | None = None):
-        """recompile_limit: set torch._dynamo.config.recompile_limit in the server before the CLI runs
-        (a diagnostic: the compiled cycles of every k share one code object, limit 8 by default)."""
+    def __init__(self, args: list[str], name: str = "server", start_timeout: float = 900.0):
         self.args, self.name, self.start_timeout = args, name, start_timeout
-        self.recompile_limit = recompile_limit
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.log_path = Path(tempfile.mkstemp(prefix=f"eagle-fx-{name}-", suffix=".log")[1])
 
     def start(self) -> Server:
-        cmd = [sys.executable, "-m", "eagle_fx.cli"]
-        if self.recompile_limit is not None:
-            # the default, not c.recompile_limit = N: dynamo's config overrides are thread-local (torch 2.13),
-            # and the engine runs on a thread of its own
-            cmd = [sys.executable, "-c", "import sys, torch._dynamo.config as c; "
-                   "c._config['recompile_limit'].default = int(sys.argv.pop(1)); from eagle_fx.cli import main; main()",
-                   str(self.recompile_limit)]
-        cmd += ["serve", "--host", "127.0.0.1", "--port", "0", *self.args]
+        cmd = [sys.executable, "-m", "eagle_fx.cli", "serve", "--host", "127.0.0.1", "--port", "0", *self.args]
         log(f"{self.name}: starting {' '.join(cmd[1:])} (log {self.log_path})")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,

@@ -32,8 +32,9 @@ import time
 
 import httpx
 
-from serve_common import (Server, acceptance, get_metrics, held_out_prompts, hf_greedy, load_tokenizer_and_base, log,
-                          percentile, server_args, sigterm_as_interrupt, stream_completion, ttft_tpot)
+from serve_common import (Server, acceptance, add_server_flags, get_metrics, held_out_prompts, hf_greedy,
+                          load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
+                          stream_completion, ttft_tpot)
 
 SETTINGS = ("adaptive", "k=3", "k=0")
 
@@ -41,6 +42,7 @@ SETTINGS = ("adaptive", "k=3", "k=0")
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring for the method)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_server_flags(ap, max_batch_size=64, out="serve_load.json")
     ap.add_argument("--settings", default=",".join(SETTINGS),
                     help="comma list of engine settings: adaptive, k=N (fixed k; k=0 compiles without the draft)")
     ap.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrency levels")
@@ -48,16 +50,8 @@ def parse_args(argv=None):
     ap.add_argument("--min-requests", type=int, default=16, help="requests per point: max(this, 2 * concurrency)")
     ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
-    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
-    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="the servers' backend")
-    ap.add_argument("--max-batch-size", type=int, default=64, help="the servers' --max-batch-size")
-    ap.add_argument("--max-seq-len", type=int, default=1024, help="the servers' --max-seq-len")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per server (not measured)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps and the prompt order")
-    ap.add_argument("--recompile-limit", type=int, default=None,
-                    help="diagnostic: torch._dynamo.config.recompile_limit in the server (default: torch's, 8)")
-    ap.add_argument("--start-timeout", type=float, default=900, help="seconds a server may take to compile and listen")
-    ap.add_argument("--out", default="serve_load.json", help="JSON results")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: eager backend, concurrency 1 and 4, 8 requests per point, 32 prompts")
     args = ap.parse_args(argv)
@@ -150,8 +144,7 @@ def bench_setting(setting: str, tok, prompts, refs, args) -> dict:
     rng = random.Random(args.seed)
     sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, setting)
     points = []
-    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout,
-                recompile_limit=args.recompile_limit) as server:
+    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout) as server:
         check = asyncio.run(tokenisation_check(server.url, tok, prompts, refs, args))
         log(f"{setting}: server tokenisation of text prompts matches the token ids: "
             f"{check['text_prompts_matching']}/{check['checked']}")

@@ -26,8 +26,8 @@ import time
 
 import httpx
 
-from serve_common import (Server, acceptance, get_metrics, held_out_prompts, hf_greedy, load_tokenizer_and_base, log,
-                          metric, server_args, sigterm_as_interrupt, stream_completion)
+from serve_common import (Server, acceptance, add_server_flags, get_metrics, held_out_prompts, hf_greedy,
+                          load_tokenizer_and_base, log, metric, server_args, sigterm_as_interrupt, stream_completion)
 
 MALFORMED = ("invalid_json", "negative_max_tokens", "n_2", "unknown_field", "prompt_too_long")
 
@@ -35,6 +35,7 @@ MALFORMED = ("invalid_json", "negative_max_tokens", "n_2", "unknown_field", "pro
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring for the checks)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_server_flags(ap, max_batch_size=16, out="soak.json")
     ap.add_argument("--num-requests", type=int, default=1000, help="requests in all (malformed and aborted included)")
     ap.add_argument("--concurrency", type=int, default=16, help="requests in flight at most")
     ap.add_argument("--min-tokens", type=int, default=8, help="max_tokens is drawn from --min-tokens..--max-tokens")
@@ -42,17 +43,9 @@ def parse_args(argv=None):
     ap.add_argument("--abort-frac", type=float, default=0.10, help="share of requests abandoned after 1..3 chunks")
     ap.add_argument("--malformed-frac", type=float, default=0.05, help="share of malformed requests (must get 400)")
     ap.add_argument("--num-prompts", type=int, default=50, help="distinct held-out prompts (HF references each)")
-    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
-    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="the server's backend")
     ap.add_argument("--setting", default="adaptive", help="the server's speculation: adaptive or k=N")
-    ap.add_argument("--max-batch-size", type=int, default=16, help="the server's --max-batch-size")
-    ap.add_argument("--max-seq-len", type=int, default=1024, help="the server's --max-seq-len")
     ap.add_argument("--rss-every", type=int, default=100, help="sample the server's RSS every this many requests")
     ap.add_argument("--seed", type=int, default=0, help="seed of the request mix")
-    ap.add_argument("--recompile-limit", type=int, default=None,
-                    help="diagnostic: torch._dynamo.config.recompile_limit in the server (default: torch's, 8)")
-    ap.add_argument("--start-timeout", type=float, default=900, help="seconds the server may take to compile and listen")
-    ap.add_argument("--out", default="soak.json", help="JSON results")
     return ap.parse_args(argv)
 
 
@@ -200,8 +193,7 @@ def main(argv=None) -> int:
     sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, args.setting)
     summary = {"args": vars(args), "server_args": sargs}
     try:
-        with Server(sargs, name="soak-server", start_timeout=args.start_timeout,
-                    recompile_limit=args.recompile_limit) as server:
+        with Server(sargs, name="soak-server", start_timeout=args.start_timeout) as server:
             out = asyncio.run(soak(server, refs, reqs, args))
             alive = server.alive()
             summary.update(check(out, refs, alive))

@@ -4,10 +4,13 @@ autograd registration, and the op under AOTAutograd with dynamic shapes. Small r
 inputs: each cached op in its ragged (prefill), device-side (uniform) and batch-invariant forms,
 query layouts as a projection leaves them (transposed views), gradients where the op has a
 formula. The Triton ops run under TRITON_INTERPRET=1 (conftest.py)."""
+import contextlib
+
 import pytest
 import torch
 
 import eagle_fx.ops  # noqa: F401  (defines torch.ops.eagle_fx.*)
+import eagle_fx.structured.mask_op  # noqa: F401  (defines torch.ops.eagle_fx.grammar_*)
 from eagle_fx.ops.triton import load_kernels, triton_status
 from tests.ops.paged_case import paged_layout
 
@@ -15,6 +18,23 @@ if triton_status("cpu")[0]:
     load_kernels()
 
 HEADS, KV_HEADS, D, BLOCK = 4, 2, 8, 4
+WORDS = 3  # int32 words per grammar mask row (a 96-token vocabulary)
+
+
+class _RowsFromTokens:
+    """A stand-in for a cycle's CycleMasks under the grammar ops (eagle_fx.structured.mask_op): rows
+    that depend only on their inputs, so opcheck may call the ops as often as it likes."""
+
+    def draft_row(self, j, previous):
+        seed = 0 if previous is None else previous.sum().item()
+        return torch.arange(3 * WORDS, dtype=torch.int32).view(3, WORDS) * (j + 1) + seed
+
+    def verify_rows(self, drafts):
+        rows = torch.arange(drafts.shape[0] * (drafts.shape[1] + 1) * WORDS, dtype=torch.int32)
+        return rows.view(drafts.shape[0], -1, WORDS) + drafts.sum().item()
+
+    def rollback(self):
+        pass
 
 
 def _g(seed=0):
@@ -68,6 +88,11 @@ def _cases():
                                   (q, k, v, pool, 0, slots, table, qsl, pos, mask, tree_start, 0.3, 2),
                                   {"batch_invariant": batch_invariant},
                                   id=f"tree_cached_attention-batch_invariant{batch_invariant}"))
+    tokens, drafts = torch.tensor([4, 7, 1]), torch.tensor([[4, 9], [7, 7], [1, 0]])
+    cases += [pytest.param("grammar_draft_row", (tokens, 0, WORDS), {}, id="grammar_draft_row-first"),
+              pytest.param("grammar_draft_row", (tokens, 1, WORDS), {}, id="grammar_draft_row"),
+              pytest.param("grammar_verify_rows", (drafts, WORDS), {}, id="grammar_verify_rows"),
+              pytest.param("grammar_verify_rows", (drafts[:, :0], WORDS), {}, id="grammar_verify_rows-no-drafts")]
     x, w, b = torch.randn(3, 5, 16, generator=g), torch.randn(12, 16, generator=g), torch.randn(12, generator=g)
     cases += [pytest.param("rowwise_linear", (x, w, b), {}, id="rowwise_linear"),
               pytest.param("rowwise_linear", (x[:, :0], w), {}, id="rowwise_linear-no-rows")]
@@ -104,4 +129,7 @@ def test_every_eagle_fx_op_is_checked():
 
 @pytest.mark.parametrize("op,args,kwargs", CASES)
 def test_opcheck(op, args, kwargs):
-    torch.library.opcheck(getattr(torch.ops.eagle_fx, op).default, args, kwargs)
+    from eagle_fx.structured.mask_op import filling
+
+    with filling(_RowsFromTokens()) if op.startswith("grammar_") else contextlib.nullcontext():
+        torch.library.opcheck(getattr(torch.ops.eagle_fx, op).default, args, kwargs)
