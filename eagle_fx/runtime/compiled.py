@@ -52,36 +52,19 @@ def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str |
     frozen_on (a device): the weights of the modules fn calls frozen (frozen_weights_config).
     backend: inductor, or (tests) another torch.compile backend traced under the same settings.
 
-    The settings only matter when a call traces (the first, or a recompile), and patching them
-    costs: four config patches around a call dirty torch's config caches, about 0.2 ms per call on
-    this project's CPU, as much as a one-row draft step's kernels. A fullgraph function is
-    therefore first called under torch's "fail_on_recompile" stance, without the patches: a call
-    that would trace raises before running anything (one frame, no graph break), and is then
-    called again with them."""
+    The settings are patched around every call (a call traces when its guards fail, and the patches
+    are thread-local, so a server's engine thread sees them too). The patch objects are made once:
+    making them anew costs about 0.1 ms per call on this project's CPU (a class per patch), as much
+    as half a one-row draft step's kernels."""
     compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=fullgraph)
     settings = frozen_weights_config(frozen_on, cpp_wrapper, autotune) if frozen_on is not None else {}
-
-    def traced(*args, **kwargs):
-        # inductor reads these when it compiles, which happens inside a call (the first, or a recompile)
-        with (fx_config.patch(use_duck_shape=False, backed_size_oblivious=True),
-              dynamo_config.patch(specialize_float=True), inductor_config.patch(settings)):
-            return compiled(*args, **kwargs)
+    # inductor reads these when it compiles, which happens inside a call (the first, or a recompile)
+    patches = (fx_config.patch(use_duck_shape=False, backed_size_oblivious=True),
+               dynamo_config.patch(specialize_float=True), inductor_config.patch(settings))
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        with torch.no_grad():
-            if not fullgraph:
-                return traced(*args, **kwargs)
-            try:
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    return compiled(*args, **kwargs)
-            except RuntimeError as e:
-                if not str(e).startswith(_WOULD_TRACE):
-                    raise
-            return traced(*args, **kwargs)
+        with torch.no_grad(), patches[0], patches[1], patches[2]:
+            return compiled(*args, **kwargs)
 
     return call
-
-
-# how torch's "fail_on_recompile" stance says a call would have traced (torch/_dynamo/eval_frame.py)
-_WOULD_TRACE = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
