@@ -18,8 +18,9 @@ draft j, and the verify's rows after every draft: the cycle calls them as ops
 (eagle_fx.structured.mask_op), so a compiled cycle under a grammar is still one compiled call.
 
 Every input and output is a tensor of fixed shape for a batch size and block-table width; nothing
-inside reads a value on the host but the grammar's mask ops (the attention of these graphs is device-side, see
-passes/mark_uniform_queries.py). The host reads the outputs once per cycle (runtime.scheduler).
+inside reads a value on the host but the grammar's mask ops (the attention of these graphs is
+device-side, see passes/mark_uniform_queries.py). The host reads the outputs once per cycle
+(runtime.scheduler).
 
 Sampling (eagle_fx.runtime.sampling): temperature, top-k and top-p are per-row tensors (inputs,
 not constants: one compiled function serves every setting; a row at temperature 0 is greedy).
