@@ -20,19 +20,15 @@ def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 5, context: int
     batch_sizes = batch_sizes or buckets(slots)
     context = min(context, model.options.max_seq_len - 1)
     width = max(kv.table_width(context + model.lookahead + model.draft_offset), 2)
-    long = dict(dtype=torch.long, device=model.device)
     for batch in batch_sizes:
         try:
             blocks = kv.allocator.allocate(batch * width)
         except RuntimeError:
             continue  # a pool too small for this many sequences at this context: not measured
         try:
-            table = torch.tensor(blocks, **long).view(batch, width)
-            rows = torch.arange(batch, **long)
             for k in engine.ks:
                 cycle = engine.cycles[k]
-                args = (torch.zeros(batch, **long), torch.full((batch,), context, **long), table, rows,
-                        engine.draft_logits[:batch].clone(), engine.draft_hidden[:batch].clone())
+                args = cycle_inputs(engine, blocks, batch, context)
                 cycle(model.executor, _greedy(), *args)  # compiles (first time) and warms
                 for _ in range(repeats):
                     started = time.perf_counter()
@@ -42,6 +38,16 @@ def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 5, context: int
         finally:
             kv.allocator.release(blocks)
     return engine.costs.measured()
+
+
+def cycle_inputs(engine, blocks: list[int], batch: int, context: int) -> tuple:
+    """A cycle's inputs (pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden)
+    for `batch` sequences at `context` committed tokens, on `blocks` (batch * table width of them,
+    taken from the engine's pool by the caller): for probing and compiling, outside any request."""
+    long = dict(dtype=torch.long, device=engine.device)
+    return (torch.zeros(batch, **long), torch.full((batch,), context, **long),
+            torch.tensor(blocks, **long).view(batch, -1), torch.arange(batch, **long),
+            engine.draft_logits[:batch].clone(), engine.draft_hidden[:batch].clone())
 
 
 def _greedy():

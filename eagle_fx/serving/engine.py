@@ -339,7 +339,7 @@ class Engine:
         started = time.perf_counter()
         forced, masks = None, None
         if any(r.grammar is not None for r in group):  # (rows of requests without one: all-allowed)
-            masks = self.grammars.cycle_masks(group, k, self.device, self.stats)
+            masks = self.grammars.cycle_masks(group, k, self.stats)
         if self.model.forced_drafts is not None and k > 0:  # a test oracle's tokens for the drafts
             forced = torch.as_tensor(self.model.forced_drafts([r.context for r in group], k), **long)
         accepted_t, next_t, drafts, draft_logits, draft_hidden, features = self.cycles[k](

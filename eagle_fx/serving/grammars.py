@@ -49,15 +49,15 @@ class EngineGrammars:
         from eagle_fx.structured.bitmask import unpack_bitmask
         from eagle_fx.structured.cycle_masks import CycleMasks
 
-        words = CycleMasks([r.grammar for r in requests], self.vocab_size, 0, device).draft_row(0, None)
-        return unpack_bitmask(words, self.vocab_size)
+        words = CycleMasks([r.grammar for r in requests], self.vocab_size, 0).draft_row(0, None)
+        return unpack_bitmask(words.to(device), self.vocab_size)
 
-    def cycle_masks(self, requests, num_drafts: int, device, stats=None):
+    def cycle_masks(self, requests, num_drafts: int, stats=None):
         """The CycleMasks of a cycle of `requests` (those without a grammar get all-allowed rows);
         stats: the SpecDecodeStats that counts its cycles and host seconds."""
         from eagle_fx.structured.cycle_masks import CycleMasks
 
-        return CycleMasks([r.grammar for r in requests], self.vocab_size, num_drafts, device, stats)
+        return CycleMasks([r.grammar for r in requests], self.vocab_size, num_drafts, stats)
 
 
 def commit(request, tokens: list[int]) -> None:
@@ -75,18 +75,15 @@ def compile_grammar_cycles(engine) -> None:
     The rows are all-allowed (no grammar is compiled: xgrammar is still needed); the cycles write
     only blocks taken from the engine's pool and given back."""
     from eagle_fx.runtime.sampling import Sampler
+    from eagle_fx.serving.cost_probe import cycle_inputs
     from eagle_fx.structured.cycle_masks import CycleMasks
 
-    kv, device = engine.kv, engine.device
-    long = dict(dtype=torch.long, device=device)
+    kv = engine.kv
     for batch in (1, 2)[:engine.model.options.max_batch_size]:
         blocks = kv.allocator.allocate(2 * batch)
         try:
-            table = torch.tensor(blocks, **long).view(batch, 2)
             for k, cycle in engine.cycles.items():
-                masks = CycleMasks([None] * batch, engine.grammars.vocab_size, k, device)
-                cycle(engine.executor, Sampler(), torch.zeros(batch, **long), torch.ones(batch, **long), table,
-                      torch.arange(batch, **long), engine.draft_logits[:batch].clone(),
-                      engine.draft_hidden[:batch].clone(), masks=masks)
+                masks = CycleMasks([None] * batch, engine.grammars.vocab_size, k)
+                cycle(engine.executor, Sampler(), *cycle_inputs(engine, blocks, batch, 1), masks=masks)
         finally:
             kv.allocator.release(blocks)

@@ -32,7 +32,7 @@ def test_cycle_masks_equal_masks_for_chain_along_a_document(compiler, tokenizer,
         if drafts and rng.random() < 0.5:  # a draft the grammar may not allow
             drafts[rng.randrange(k)] = rng.randrange(V)
         expected, valid = state.masks_for_chain(drafts)
-        masks = CycleMasks([state, None], V, k, "cpu", stats)
+        masks = CycleMasks([state, None], V, k, stats)
         rows = [unpack_bitmask(masks.draft_row(0, None), V)]
         for j in range(1, k):
             rows.append(unpack_bitmask(masks.draft_row(j, torch.tensor([drafts[j - 1], 7])), V))
@@ -49,6 +49,6 @@ def test_cycle_masks_equal_masks_for_chain_along_a_document(compiler, tokenizer,
 
 def test_rows_are_filled_in_order(compiler):
     state = GrammarState(compiler.compile(grammar_spec(guided_json=SCHEMA)))
-    masks = CycleMasks([state], V, 3, "cpu")
+    masks = CycleMasks([state], V, 3)
     with pytest.raises(ValueError, match="in order"):
         masks.draft_row(1, torch.tensor([5]))
