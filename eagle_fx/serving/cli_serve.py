@@ -113,10 +113,8 @@ def run(args) -> None:
               f"prefix caching "
               f"{'on' if args.prefix_caching else 'off'})", file=sys.stderr, flush=True)
 
-    try:
-        serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
-              log_level=args.log_level, on_ready=ready,
-              ks=adaptive_ks(args) if speculation == "adaptive" else None, admission=args.admission,
-              warm_up_structured=args.warm_up_structured)
-    except KeyboardInterrupt:  # uvicorn shut down gracefully, then raised the SIGINT/SIGTERM it caught again
-        print("eagle-fx serve: stopped", file=sys.stderr, flush=True)
+    serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
+          log_level=args.log_level, on_ready=ready,
+          ks=adaptive_ks(args) if speculation == "adaptive" else None, admission=args.admission,
+          warm_up_structured=args.warm_up_structured)  # returns after SIGINT / SIGTERM, once shut down
+    print("eagle-fx serve: stopped", file=sys.stderr, flush=True)

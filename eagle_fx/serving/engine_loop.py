@@ -13,6 +13,15 @@ If `engine.step()` raises, every in-flight request fails with `EngineError` (its
 the engine is asked to abort them, and the loop goes on; after `MAX_CONSECUTIVE_STEP_FAILURES`
 failures without a token decoded in between it stops (/health then answers 503), and later
 submissions fail with `EngineError` at once.
+
+Which thread runs the engine matters for speed on a CPU. OpenMP (torch's and inductor's kernels)
+keeps a pool of worker threads per thread that starts parallel work. Once two threads have done so
+(the one that compiled and warmed the model, and the loop's), libgomp has more threads than cores
+and stops spinning between parallel regions: every region then wakes its workers from sleep. On
+the 2-core machine this cut the bundled pair's decoding at batch 1 to a third (1342 -> 406 tok/s,
+k = 3, inductor). So `serve` runs the loop on the main thread, the one that compiled the model
+(`EngineLoop(engine, start_thread=False)`, then `run()`), and the HTTP server on another thread;
+`start_thread=True` (the default, for tests and embedding) starts a thread of its own.
 """
 from __future__ import annotations
 
@@ -74,7 +83,10 @@ class RequestStream:
 class EngineLoop:
     """Owns `engine` on one background thread; every public method is thread-safe."""
 
-    def __init__(self, engine, max_model_len: int | None = None, name: str = "eagle-fx-engine"):
+    def __init__(self, engine, max_model_len: int | None = None, name: str = "eagle-fx-engine",
+                 start_thread: bool = True):
+        """start_thread=False: no thread is started; the caller runs the loop with `run()` on a
+        thread of its own choosing (see the module: the thread that compiled the model is fastest)."""
         self.engine = engine
         self.max_model_len = max_model_len
         self._cond = threading.Condition()
@@ -83,14 +95,21 @@ class EngineLoop:
         self._dead: str | None = None  # why the loop stopped, once it has
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._last_metrics: dict = {}
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
+        self._ran = False
+        self._finished = threading.Event()  # set when run() returns
+        if start_thread:
+            threading.Thread(target=self.run, name=name, daemon=True).start()
+            with self._cond:
+                while self._thread is None:
+                    self._cond.wait()
 
     # ---- the asyncio / any-thread side ----
 
     @property
     def alive(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        """Not stopped, and (once the loop was started) its thread still runs it."""
+        return self._dead is None and (self._thread is None or self._thread.is_alive())
 
     def _push(self, command: tuple) -> None:
         with self._cond:
@@ -122,7 +141,7 @@ class EngineLoop:
         snapshot when the loop is stopped)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            if self._dead is not None or not self._thread.is_alive():
+            if self._dead is not None or (self._thread is not None and not self._thread.is_alive()):
                 future.set_result(dict(self._last_metrics))
                 return future
             self._commands.append(("metrics", future))
@@ -134,16 +153,29 @@ class EngineLoop:
         return self.request_metrics().result(timeout)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the thread; requests still in flight fail with EngineError."""
+        """Stop the loop; requests still in flight fail with EngineError. Waits up to `timeout`
+        seconds for the loop to end (unless called on the loop's own thread, or before it ran)."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._finished.wait(timeout)
 
     # ---- the engine thread ----
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Run the loop on the calling thread until `shutdown()` (or until it dies); once only."""
+        with self._cond:
+            if self._ran:
+                raise RuntimeError("this EngineLoop already ran")
+            self._ran, self._thread = True, threading.current_thread()
+            self._cond.notify_all()
+        try:
+            self._loop()
+        finally:
+            self._finished.set()
+
+    def _loop(self) -> None:
         failures = 0
         try:
             while True:

@@ -209,10 +209,17 @@ async def _serve_announcing(server, on_ready) -> None:
 def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
           speculation="adaptive", log_level: str = "info", on_ready=None, ks=None,
           admission: str = "continuous", warm_up_structured: bool = False) -> None:
-    """Serve `model` (an eagle_fx.compile result) until interrupted. on_ready(host, port) is called
-    once uvicorn listens. ks, admission: the Engine's (the k values adaptive speculation chooses
-    from; "continuous" or "waves" admission). warm_up_structured: compile the cycles under grammar
-    masks before listening (eagle_fx.serving.grammars.compile_grammar_cycles)."""
+    """Serve `model` (an eagle_fx.compile result) until SIGINT or SIGTERM (then uvicorn shuts down
+    gracefully: streams in flight finish) and return. on_ready(host, port) is called once uvicorn
+    listens. ks, admission: the Engine's (the k values adaptive speculation chooses from;
+    "continuous" or "waves" admission). warm_up_structured: compile the cycles under grammar masks
+    before listening (eagle_fx.serving.grammars.compile_grammar_cycles).
+
+    The engine runs on the calling thread, the one that compiled the model, and uvicorn on a thread
+    of its own (eagle_fx.serving.engine_loop says why: OpenMP's worker pools). A uvicorn that fails
+    (the port is taken) stops the engine, and its error is raised here."""
+    import signal
+
     import uvicorn
 
     from eagle_fx.serving.engine import Engine
@@ -223,10 +230,33 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
 
         compile_grammar_cycles(engine)
     options = getattr(model, "options", None)
-    engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None))
+    engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None), start_thread=False)
     app = build_app(engine_loop, tokenizer, model_name)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
+    failed: list[BaseException] = []
+
+    def run_server() -> None:
+        try:
+            asyncio.run(_serve_announcing(server, on_ready))
+        except BaseException as e:  # noqa: BLE001 - uvicorn exits with SystemExit when it cannot bind
+            failed.append(e)
+        finally:
+            engine_loop.shutdown(timeout=0)
+
+    def stop(signum, frame) -> None:  # the first signal shuts down gracefully, a second at once
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
+    thread = threading.Thread(target=run_server, name="eagle-fx-uvicorn", daemon=True)
     try:
-        asyncio.run(_serve_announcing(server, on_ready))
+        thread.start()
+        engine_loop.run()
     finally:
-        engine_loop.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.should_exit = True
+        thread.join(30)
+    if failed and not (isinstance(failed[0], SystemExit) and not failed[0].code):
+        raise failed[0]
