@@ -2,8 +2,9 @@
 
 For each setting (adaptive k in 0..3, fixed k=3, k=0) one `eagle-fx serve` subprocess is started
 (one at a time, each compiling its own pair; inductor by default) on a free loopback port. At each
-concurrency C it sends max(--min-requests, 2*C) streamed, greedy (temperature 0), ignore_eos
-/v1/completions requests of --max-tokens tokens, with held-out ShareGPT prompts sent as token ids
+concurrency C it sends max(--min-requests, 4*C) streamed, greedy (temperature 0), ignore_eos
+/v1/completions requests of --min-tokens to --max-tokens tokens (uniform, seeded: every setting gets the
+same requests), with held-out ShareGPT prompts sent as token ids
 (and the server's own tokenisation of the prompt text checked once per server), in two arrival
 patterns:
 
@@ -47,8 +48,14 @@ def parse_args(argv=None):
                     help="comma list of engine settings: adaptive, k=N (fixed k; k=0 compiles without the draft)")
     ap.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrency levels")
     ap.add_argument("--arrivals", default="burst,poisson", help="comma list: burst (all at once), poisson")
-    ap.add_argument("--min-requests", type=int, default=16, help="requests per point: max(this, 2 * concurrency)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    ap.add_argument("--min-requests", type=int, default=64,
+                    help="requests per point: max(this, 4 * concurrency) (a bounded run ends with a drain at a "
+                         "shrinking batch: more requests make it a smaller part of the point)")
+    ap.add_argument("--min-tokens", type=int, default=32,
+                    help="output tokens per request (ignore_eos): uniform in --min-tokens..--max-tokens; equal "
+                         "values give every request the same length, which keeps a k=0 batch in lockstep (all "
+                         "finish at once and the next ones prefill together), unlike speculation or real traffic")
+    ap.add_argument("--max-tokens", type=int, default=96, help="see --min-tokens")
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per server (not measured)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps and the prompt order")
@@ -66,6 +73,8 @@ def parse_args(argv=None):
     for s in args.settings:
         if s != "adaptive" and not (s.startswith("k=") and s[2:].isdigit()):
             ap.error(f"--settings: {s!r} is not adaptive or k=N")
+    if not 1 <= args.min_tokens <= args.max_tokens:
+        ap.error("--min-tokens must be >= 1 and <= --max-tokens")
     if set(args.arrivals) - {"burst", "poisson"}:
         ap.error("--arrivals: burst and/or poisson")
     if max(args.concurrency) > args.max_batch_size:
@@ -74,13 +83,14 @@ def parse_args(argv=None):
 
 
 def num_requests(args, c: int) -> int:
-    n = max(args.min_requests, 2 * c)
+    n = max(args.min_requests, 4 * c)
     return min(n, args.max_requests) if args.max_requests else n
 
 
 async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate: float | None, args, rng) -> dict:
     """One batch of n requests at concurrency c; the point's measurements."""
     order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
+    lengths = [rng.randint(args.min_tokens, args.max_tokens) for _ in range(n)]
     gaps = [0.0] * n
     if arrival == "poisson":
         t = 0.0
@@ -93,17 +103,18 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
         before = await get_metrics(client, url)
         t0 = time.perf_counter()
 
-        async def one(p, at):
+        async def one(p, length, at):
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             async with sem:
-                body = {"prompt": list(p), "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+                body = {"prompt": list(p), "max_tokens": length, "temperature": 0, "ignore_eos": True}
                 return await stream_completion(client, url, body)
 
-        results = await asyncio.gather(*(one(p, at) for p, at in zip(order, gaps)))
+        results = await asyncio.gather(*(one(p, length, at) for p, length, at in zip(order, lengths, gaps)))
         wall = max(r["end"] for r in results) - t0
         after = await get_metrics(client, url)
     tokens = sum(len(r["ids"]) for r in results)
-    exact = sum(1 for r, p in zip(results, order) if r["error"] is None and r["ids"] == refs[tuple(p)][:args.max_tokens])
+    exact = sum(1 for r, p, length in zip(results, order, lengths)
+                if r["error"] is None and r["ids"] == refs[tuple(p)][:length])
     errors = [r["error"] or f"status {r['status']}" for r in results if r["error"] or r["status"] != 200]
     pairs = [ttft_tpot(r) for r in results]
     ms = lambda v: None if v is None else 1000 * v  # noqa: E731
@@ -196,7 +207,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sigterm_as_interrupt()
     log(f"serve_load: settings {args.settings}, concurrency {args.concurrency}, arrivals {args.arrivals}, "
-        f"backend {args.backend}, max_tokens {args.max_tokens}")
+        f"backend {args.backend}, output tokens {args.min_tokens}..{args.max_tokens}")
     tok, base = load_tokenizer_and_base()
     prompts = held_out_prompts(tok, args.num_prompts, args.max_prompt_len)
     refs = hf_greedy(base, prompts, args.max_tokens)  # before any server runs
