@@ -217,7 +217,9 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
 
     The engine runs on the calling thread, the one that compiled the model, and uvicorn on a thread
     of its own (eagle_fx.serving.engine_loop says why: OpenMP's worker pools). A uvicorn that fails
-    (the port is taken) stops the engine, and its error is raised here."""
+    (the port is taken) stops the engine, and its error is raised here. The SIGINT / SIGTERM
+    handlers are installed only when serve() is called on the main thread (Python's rule); from
+    another thread, stop it by stopping the process."""
     import signal
 
     import uvicorn
