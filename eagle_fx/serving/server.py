@@ -181,29 +181,37 @@ def _bound_port(server) -> int:
 
 
 def start_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                    timeout: float = 30.0):
+                    timeout: float = 30.0, on_exit=None):
     """Run `app` under uvicorn in a daemon thread; (server, thread, port) once it listens (port 0:
-    a free port). Stop it with `server.should_exit = True; thread.join()`."""
+    a free port). Stop it with `server.should_exit = True; thread.join()`. on_exit(): called on that
+    thread when uvicorn ends, whether it shut down or failed. A uvicorn that fails to start raises
+    its error here (SystemExit(3) when the port is taken); one that fails later leaves it in
+    `thread.error` (None otherwise)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
-    thread = threading.Thread(target=server.run, name="eagle-fx-uvicorn", daemon=True)
+
+    def run() -> None:
+        try:
+            server.run()
+        except BaseException as e:  # noqa: BLE001 - uvicorn exits with SystemExit when it cannot bind
+            thread.error = e
+        finally:
+            if on_exit is not None:
+                on_exit()
+
+    thread = threading.Thread(target=run, name="eagle-fx-uvicorn", daemon=True)
+    thread.error = None
     thread.start()
     deadline = time.monotonic() + timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
+            thread.join(0.1)
+            if thread.error is not None:
+                raise thread.error
             raise RuntimeError(f"uvicorn did not start on {host}:{port}")
         time.sleep(0.02)
     return server, thread, _bound_port(server)
-
-
-async def _serve_announcing(server, on_ready) -> None:
-    task = asyncio.ensure_future(server.serve())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.05)
-    if server.started and on_ready is not None:
-        on_ready(server.config.host, _bound_port(server))
-    await task
 
 
 def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
@@ -222,8 +230,6 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
     another thread, stop it by stopping the process."""
     import signal
 
-    import uvicorn
-
     from eagle_fx.serving.engine import Engine
 
     engine = Engine(model, tokenizer=tokenizer, speculation=speculation, ks=ks, admission=admission)
@@ -233,17 +239,8 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
         compile_grammar_cycles(engine)
     options = getattr(model, "options", None)
     engine_loop = EngineLoop(engine, max_model_len=getattr(options, "max_seq_len", None), start_thread=False)
-    app = build_app(engine_loop, tokenizer, model_name)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off"))
-    failed: list[BaseException] = []
-
-    def run_server() -> None:
-        try:
-            asyncio.run(_serve_announcing(server, on_ready))
-        except BaseException as e:  # noqa: BLE001 - uvicorn exits with SystemExit when it cannot bind
-            failed.append(e)
-        finally:
-            engine_loop.shutdown(timeout=0)
+    server, thread, bound = start_in_thread(build_app(engine_loop, tokenizer, model_name), host, port, log_level,
+                                            on_exit=lambda: engine_loop.shutdown(timeout=0))
 
     def stop(signum, frame) -> None:  # the first signal shuts down gracefully, a second at once
         server.force_exit = server.should_exit
@@ -251,14 +248,14 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
 
     on_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)} if on_main else {}
-    thread = threading.Thread(target=run_server, name="eagle-fx-uvicorn", daemon=True)
     try:
-        thread.start()
+        if on_ready is not None:
+            on_ready(host, bound)
         engine_loop.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.should_exit = True
         thread.join(30)
-    if failed and not (isinstance(failed[0], SystemExit) and not failed[0].code):
-        raise failed[0]
+    if thread.error is not None and not (isinstance(thread.error, SystemExit) and not thread.error.code):
+        raise thread.error
