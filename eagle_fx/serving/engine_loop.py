@@ -96,7 +96,6 @@ class EngineLoop:
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._last_metrics: dict = {}
         self._thread: threading.Thread | None = None  # the thread running the loop, once it runs
-        self._ran = False
         self._finished = threading.Event()  # set when run() returns
         if start_thread:
             threading.Thread(target=self.run, name=name, daemon=True).start()
@@ -166,9 +165,9 @@ class EngineLoop:
     def run(self) -> None:
         """Run the loop on the calling thread until `shutdown()` (or until it dies); once only."""
         with self._cond:
-            if self._ran:
+            if self._thread is not None:
                 raise RuntimeError("this EngineLoop already ran")
-            self._ran, self._thread = True, threading.current_thread()
+            self._thread = threading.current_thread()
             self._cond.notify_all()
         try:
             self._loop()
