@@ -1,9 +1,11 @@
 """Base + draft prefill of a wave's prompts, whole or in chunks of `prefill_chunk_size` tokens.
 
 Unshifted chunk [a, c): the draft gets tokens t_a..t_{c-1} with features (carry = f_{a-1}),
-f_a..f_{c-2} (the shift of features is inside the graph, drop_prefill_shift). Shifted chunk
-[a, c): draft tokens t_{a+1}..t_c, where t_c is the real next prompt token for an inner chunk and
-the sampled token only for the last one.
+f_a..f_{c-2} (the shift of features is inside the graph, drop_prefill_shift); in a sequence's
+last chunk it also gets the token sampled after the prompt, t_n at position n with f_{n-1}, so its
+output there is the draft's state before the first cycle (what d_1 is drawn from) and no separate
+draft-extend call is needed (except with kv_share=LAYER: scheduler.enter_draft). Shifted chunk [a, c): draft tokens t_{a+1}..t_c, where t_c is the
+real next prompt token for an inner chunk and the sampled token only for the last one.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ class Prefilled:
     last_features: torch.Tensor  # [B, F] the base's feature at each prompt's last token
     draft_logits: torch.Tensor | None  # [B, Vd] the draft's last prefill call (shifted: what d_1 is drawn from)
     draft_hidden: torch.Tensor | None  # [B, H]
+    pending_in_draft: bool = False  # unshifted: the draft's state already includes the pending token
 
 
 def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
@@ -48,6 +51,8 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor):
     pending = torch.zeros(num_seqs, **long)
     last_features = carry.clone()
     draft_logits = draft_hidden = None
+    # (kv_share=LAYER's pruned draft prefill computes no K/V of its own: its pending rows go to enter_draft)
+    pending_in_draft = bool(model.draft_offset) and model.speculates and model.kv_cache.kv_mode != "layer"
     while True:
         chunk_seqs = [s for s in range(num_seqs) if done[s] < lens[s]]
         if not chunk_seqs:
@@ -81,11 +86,15 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor):
         if not model.speculates:  # num_spec_tokens=0: no draft, nothing of it to prefill
             chunk_logits, chunk_hidden = logits.new_zeros(len(chunk_seqs), 0), features.new_zeros(len(chunk_seqs), 0)
         else:
+            draft = dict(input_ids=ids, positions=positions, features=features, logits_indices=last,
+                         query_start_loc=query_start_loc, slot_mapping=slots)
+            if pending_in_draft:  # unshifted: each prompt's sampled token enters the draft in its last chunk
+                draft = with_pending_tokens(draft, num_tokens, final, sampled, table, block_size)
             chunk_logits, chunk_hidden = model.executor.prefill(
-                "draft_prefill", wave.tables, call.profiler, input_ids=ids[None], positions=positions[None],
-                features=features, logits_indices=last, next_tokens=next_tokens, carry_features=carry[rows],
-                query_start_loc=query_start_loc, slot_mapping=slots, block_table=table, spec_rows=spec_rows,
-                committed_len=ends)
+                "draft_prefill", wave.tables, call.profiler, input_ids=draft["input_ids"][None],
+                positions=draft["positions"][None], features=draft["features"], logits_indices=draft["logits_indices"],
+                next_tokens=next_tokens, carry_features=carry[rows], query_start_loc=draft["query_start_loc"],
+                slot_mapping=draft["slot_mapping"], block_table=table, spec_rows=spec_rows, committed_len=ends)
             # the draft computes every prompt token, or (kv_share=LAYER, rows pruned) one per sequence
             stats.prefill_tokens_computed_draft += len(chunk_seqs) if model.kv_cache.kv_mode == "layer" else ids.numel()
         if model.options.prefix_caching:
@@ -101,4 +110,28 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor):
         for s, (begin, end) in zip(chunk_seqs, spans):
             done[s] = end
         yield
-    return Prefilled(pending, last_features, draft_logits, draft_hidden)
+    return Prefilled(pending, last_features, draft_logits, draft_hidden, pending_in_draft)
+
+
+def with_pending_tokens(draft: dict, num_tokens: torch.Tensor, final: torch.Tensor, sampled: torch.Tensor,
+                        table: torch.Tensor, block_size: int) -> dict:
+    """The unshifted draft prefill's inputs of one chunk (input_ids, positions, features,
+    logits_indices, query_start_loc, slot_mapping: one row per prompt token) with one more row after
+    each sequence whose prompt ends in it (`final`): its sampled token at the next position. That
+    row's feature is the sequence's last prompt row again, a placeholder the graph never reads (it
+    shifts features right by one within each sequence: the pending token gets the last prompt
+    token's feature, f_{n-1}). logits_indices then point at the pending rows, whose output is the
+    draft's state before the first cycle, as a draft extend of the pending token would give."""
+    device = num_tokens.device
+    rows = num_tokens + final.long()
+    starts = draft["query_start_loc"]
+    query_start_loc = torch.zeros_like(starts)
+    query_start_loc[1:] = rows.cumsum(0)
+    seq = torch.repeat_interleave(torch.arange(rows.shape[0], device=device), rows)
+    offset = torch.arange(seq.shape[0], device=device) - query_start_loc[seq]  # the row's index in its sequence
+    pending = offset == num_tokens[seq]
+    source = starts[seq] + torch.minimum(offset, num_tokens[seq] - 1)  # the prompt row it copies (pending: the last)
+    positions = draft["positions"][source] + pending.long()
+    return dict(input_ids=torch.where(pending, sampled[seq], draft["input_ids"][source]), positions=positions,
+                features=draft["features"][source], logits_indices=query_start_loc[1:] - 1,
+                query_start_loc=query_start_loc, slot_mapping=slot_mapping(table, seq, positions, block_size))

@@ -175,10 +175,11 @@ def decode_table(model, wave: Wave, rows: torch.Tensor, longest: int,
 
 def enter_draft(model, profiler, tables, first, rows, pending, committed_len, block_table, spec_rows):
     """The draft's state before the first cycle of sequences `rows` of a prefill (`first`): unshifted,
-    the pending token t_n enters the draft at position n with feature f_{n-1} (one draft_extend
-    row each); shifted, the draft prefill's last call already is it. Returns draft_logits,
-    draft_hidden [len(rows), ...]."""
-    if not (model.draft_offset and model.speculates):
+    the pending token t_n enters the draft at position n with feature f_{n-1}, in the draft
+    prefill's last call (first.pending_in_draft) or, where that call cannot take it (kv_share=LAYER,
+    whose pruned prefill computes no K/V of its own), in one draft_extend row each; shifted, the
+    draft prefill's last call already is it. Returns draft_logits, draft_hidden [len(rows), ...]."""
+    if not (model.draft_offset and model.speculates) or first.pending_in_draft:
         return first.draft_logits[rows], first.draft_hidden[rows]
     num_seqs = pending.shape[0]
     seq_index = torch.arange(num_seqs + 1, dtype=torch.long, device=pending.device)
