@@ -69,15 +69,28 @@ class RequestStream:
         return self
 
     async def __anext__(self):
+        """The next output; outputs that queued up meanwhile come merged into it (RequestOutput.then),
+        so a consumer that fell behind sends one event for them, not one per engine step."""
         if self.done:
             raise StopAsyncIteration
         item = await self.queue.get()
+        while not isinstance(item, BaseException) and not item.finished and not self.queue.empty():
+            later = self.queue.get_nowait()
+            if isinstance(later, BaseException):
+                self.queue.put_nowait(later)  # (the queue was empty but for it: it stays next)
+                break
+            item = item.then(later)
         if isinstance(item, BaseException):
             self.done = True
             raise item
         if item.finished:
             self.done = True
         return item
+
+
+def _put_all(items) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
 
 
 class EngineLoop:
@@ -265,14 +278,23 @@ class EngineLoop:
             self._streams.pop(request_id, None)
 
     def _deliver(self, outputs) -> None:
+        """A step's outputs to their streams: one wake-up of each listening event loop per step
+        (call_soon_threadsafe writes to the loop's wake-up pipe), not one per output."""
+        by_loop: dict = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            if not stream.put_threadsafe(out) and not out.finished:
-                self._abort(out.request_id)
+            by_loop.setdefault(stream.loop, []).append((stream, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that loop is closed: nobody listens to these streams any more
+                for stream, out in items:
+                    if not out.finished:
+                        self._abort(out.request_id)
 
     def _fail_all(self, error: Exception, abort: bool) -> None:
         streams, self._streams = self._streams, {}

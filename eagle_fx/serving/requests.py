@@ -100,6 +100,14 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
+    def then(self, later: RequestOutput) -> RequestOutput:
+        """This output and the same request's next one as one (a stream's consumer that fell behind
+        reads what queued up as one output): the new tokens and text deltas of both, the rest the later's."""
+        delta = None if self.delta is None and later.delta is None else (self.delta or "") + (later.delta or "")
+        return RequestOutput(later.request_id, self.new_token_ids + later.new_token_ids, later.token_ids,
+                             later.finished, later.finish_reason, later.text, delta, later.num_prompt_tokens,
+                             later.num_cached_tokens)
+
 
 @dataclass
 class TextState:

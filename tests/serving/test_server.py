@@ -415,6 +415,61 @@ def test_engine_loop_failures_reach_the_submitter_and_the_loop_lives_on():
     assert not any(t.name == "flaky-engine-loop" and t.is_alive() for t in threading.enumerate())
 
 
+def test_a_stream_that_fell_behind_reads_what_queued_up_as_one_output():
+    """Outputs queued while the consumer was away come as one: every token once and in order, the
+    text deltas joined, the last one's state; an error queued after them is raised on the next read."""
+    from eagle_fx.serving.engine_loop import RequestStream, _put_all
+
+    async def run():
+        stream = RequestStream("r", asyncio.get_running_loop())
+        outs = [RequestOutput("r", [i], list(range(1, i + 1)), text="abc"[:i], delta="abc"[i - 1]) for i in (1, 2, 3)]
+        _put_all([(stream, o) for o in outs[:2]])
+        first = await stream.__anext__()
+        _put_all([(stream, outs[2]), (stream, RequestOutput("r", [4], [1, 2, 3, 4], True, "length", "abcd", "d"))])
+        second = await stream.__anext__()
+        _put_all([(stream, outs[0]), (stream, EngineError("gone"))])
+        other = RequestStream("s", asyncio.get_running_loop())
+        _put_all([(other, outs[0]), (other, EngineError("gone"))])
+        before_error = await other.__anext__()
+        with pytest.raises(EngineError, match="gone"):
+            await other.__anext__()
+        return first, second, before_error
+
+    first, second, before_error = asyncio.run(run())
+    assert (first.new_token_ids, first.token_ids, first.delta, first.finished) == ([1, 2], [1, 2], "ab", False)
+    assert (second.new_token_ids, second.token_ids, second.text, second.delta) == ([3, 4], [1, 2, 3, 4], "abcd", "cd")
+    assert second.finished and second.finish_reason == "length"
+    assert before_error.new_token_ids == [1]
+
+
+def test_the_engine_loop_wakes_the_event_loop_once_per_step():
+    """16 requests in flight: each step's outputs reach their streams in one call_soon_threadsafe."""
+    engine = FlakyEngine()
+    loop = EngineLoop(engine, name="wakeup-engine-loop")
+
+    async def run():
+        event_loop = asyncio.get_running_loop()
+        calls = []
+        original = event_loop.call_soon_threadsafe
+
+        def counting(callback, *args, **kwargs):
+            calls.append(callback)
+            return original(callback, *args, **kwargs)
+
+        event_loop.call_soon_threadsafe = counting
+        streams = [await loop.submit([1], SamplingParams(max_tokens=4), f"r{i}") for i in range(16)]
+        outs = [[o async for o in s] for s in streams]
+        return calls, outs
+
+    try:
+        calls, outs = asyncio.run(run())
+    finally:
+        loop.shutdown()
+    assert all(sum((o.new_token_ids for o in out), []) == [7, 7, 7, 7] for out in outs)
+    deliveries = [c for c in calls if getattr(c, "__name__", "") == "_put_all"]
+    assert 0 < len(deliveries) <= engine.steps  # at most one per step, for 16 streams
+
+
 def test_serve_cli_flags_and_their_defaults():
     import argparse
 

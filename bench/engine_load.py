@@ -1,0 +1,178 @@
+"""The serving engine under load without the HTTP server: adaptive vs fixed k=3 vs k=0, in one process.
+
+bench/serve_load.py measures through `eagle-fx serve` (one server per setting, one after another);
+its points move between runs by more than the settings differ, mostly in the HTTP path (SSE events
+serialised through uvicorn and parsed by a client on the same cores). This bench measures what the
+engine itself decides and costs: one compiled pair at k=3 serves `Engine(model, "adaptive")` and
+`Engine(model, 3)`, a pair compiled with num_spec_tokens=0 (no draft, as `eagle-fx serve
+--speculation 0` compiles it) serves `Engine(plain, 0)`. At each concurrency C a closed loop keeps
+C requests in flight (a new one is added as one finishes) until max(--min-requests, 4 C) requests
+are done: held-out ShareGPT prompts, greedy, ignore_eos, output lengths uniform in
+--min-tokens..--max-tokens (seeded, the same requests for every setting). The settings run
+interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untimed warm-up of each.
+
+Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
+the ratios, the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
+and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
+caching is off (a repeat would otherwise reuse the blocks of the one before).
+
+    python bench/engine_load.py                       # about 10 minutes on a 2-core CPU
+    python bench/engine_load.py --concurrency 1,16 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+
+from serve_common import held_out_prompts, hf_greedy, load_tokenizer_and_base, log
+
+SETTINGS = ("adaptive", "k=3", "k=0")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring)",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="compile backend")
+    ap.add_argument("--max-batch-size", type=int, default=64, help="the models' max_batch_size")
+    ap.add_argument("--max-seq-len", type=int, default=1024, help="the models' max_seq_len")
+    ap.add_argument("--concurrency", default="1,4,16,64", help="comma list of concurrency levels")
+    ap.add_argument("--min-requests", type=int, default=64, help="requests per point: max(this, 4 * concurrency)")
+    ap.add_argument("--min-tokens", type=int, default=32, help="output tokens per request: uniform in "
+                    "--min-tokens..--max-tokens (ignore_eos)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="see --min-tokens")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every setting per point")
+    ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
+    ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
+    ap.add_argument("--out", default="engine_load.json", help="JSON results")
+    args = ap.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if not 1 <= args.min_tokens <= args.max_tokens:
+        ap.error("--min-tokens must be >= 1 and <= --max-tokens")
+    if min(args.concurrency) < 1 or args.repeats < 1:
+        ap.error("--concurrency and --repeats must be >= 1")
+    return args
+
+
+class Timed:
+    """Seconds an engine spends in its prefill calls and its decode cycles, and its cycles by k
+    (wrapped methods: Engine._cycle(k, group, outputs))."""
+
+    def __init__(self, engine):
+        self.seconds, self.cycles_by_k = Counter(), Counter()
+        for name in ("_prefill_chunk", "_cycle"):
+            setattr(engine, name, self._wrap(name, getattr(engine, name)))
+
+    def clear(self) -> None:
+        self.seconds.clear()
+        self.cycles_by_k.clear()
+
+    def _wrap(self, name, fn):
+        def timed(*args, **kwargs):
+            if name == "_cycle":
+                self.cycles_by_k[args[0]] += 1
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - started
+        return timed
+
+
+def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [(prompts[rng.randrange(len(prompts))], rng.randint(args.min_tokens, args.max_tokens)) for _ in range(n)]
+
+
+def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
+    """Keep c requests in flight until every one of `requests` is done."""
+    from eagle_fx.serving.requests import SamplingParams
+
+    pending, outputs, ids = iter(enumerate(requests)), {}, {}
+
+    def add():
+        item = next(pending, None)
+        if item is not None:
+            i, (prompt, length) = item
+            ids[engine.add_request(prompt, SamplingParams(max_tokens=length, ignore_eos=True))] = i
+
+    timed.clear()
+    started = time.perf_counter()
+    for _ in range(c):
+        add()
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outputs[ids.pop(out.request_id)] = list(out.token_ids)
+                add()
+    wall = time.perf_counter() - started
+    tokens = sum(len(o) for o in outputs.values())
+    return {"tok_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "outputs": outputs,
+            "prefill_s": timed.seconds["_prefill_chunk"], "cycles_s": timed.seconds["_cycle"],
+            "cycles_by_k": dict(sorted(timed.cycles_by_k.items()))}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    import eagle_fx
+    from eagle_fx.bundled import load_pair, pair_dirs
+    from eagle_fx.serving.engine import Engine
+
+    log(f"engine load: concurrency {args.concurrency}, {args.repeats} interleaved repeats, backend {args.backend}, "
+        f"lengths {args.min_tokens}..{args.max_tokens}, torch threads {torch.get_num_threads()}")
+    tok, base, draft = load_pair(*pair_dirs())
+    prompts = held_out_prompts(tok, args.num_prompts, args.max_prompt_len)
+    refs = hf_greedy(base, prompts, args.max_tokens)
+    t0 = time.perf_counter()
+    common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
+    plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
+    engines = {"adaptive": Engine(model, tok, "adaptive"), "k=3": Engine(model, tok, 3), "k=0": Engine(plain, tok, 0)}
+    timers = {name: Timed(engine) for name, engine in engines.items()}
+    log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")
+    for name, engine in engines.items():  # untimed: every compiled cycle's first calls, one and many sequences
+        for c in sorted({1, min(4, args.max_batch_size), min(16, args.max_batch_size)}):
+            closed_loop(engine, timers[name], requests_for(prompts, c + 2, args, seed=99), c)
+    points, all_exact = [], True
+    for c in args.concurrency:
+        n = max(args.min_requests, 4 * c)
+        requests = requests_for(prompts, n, args, seed=args.seed + c)
+        runs = {name: [] for name in SETTINGS}
+        for rep in range(args.repeats):
+            for name in SETTINGS:
+                r = closed_loop(engines[name], timers[name], requests, c)
+                r["exact"] = sum(1 for i, (p, length) in enumerate(requests)
+                                 if r["outputs"].get(i) == refs[tuple(p)][:length])
+                all_exact &= r["exact"] == n
+                del r["outputs"]
+                runs[name].append(r)
+                log(f"c={c} {name} #{rep + 1}: {r['tok_s']:.1f} tok/s (prefill {r['prefill_s']:.2f} s, cycles "
+                    f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}), greedy-exact {r['exact']}/{n}")
+        med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in SETTINGS}
+        points.append({"concurrency": c, "requests": n, "median_tok_s": med, "runs": runs})
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "points": points}, f, indent=2)
+    log(f"wrote {args.out}")
+    print(f"{'conc':>4} {'adaptive':>9} {'k=3':>8} {'k=0':>8} {'ad/k=0':>7} {'ad/k=3':>7} {'k=3/k=0':>7}  adaptive's cycles by k")
+    for p in points:
+        m = p["median_tok_s"]
+        ks = Counter()
+        for r in p["runs"]["adaptive"]:
+            ks.update(r["cycles_by_k"])
+        print(f"{p['concurrency']:>4} {m['adaptive']:>9.1f} {m['k=3']:>8.1f} {m['k=0']:>8.1f} "
+              f"{m['adaptive'] / m['k=0']:>7.2f} {m['adaptive'] / m['k=3']:>7.2f} {m['k=3'] / m['k=0']:>7.2f}  "
+              f"{dict(sorted(ks.items()))}")
+    print(f"medians of {args.repeats} interleaved runs per setting ({args.backend}, lengths {args.min_tokens}.."
+          f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
+    return 0 if all_exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
