@@ -10,7 +10,11 @@ warm-up over powers of two and kept current with every cycle (the median of the 
 does not stick); between measured sizes they are interpolated linearly. A step also costs seconds
 outside its cycles that grow with its requests and not with k (the engine's bookkeeping, a server's
 delivery of each output): measured between cycles, they are added to every k's cycle, which is what
-lets a larger k amortise them.
+lets a larger k amortise them. After cycles at k = 0 the draft must catch up before the next k > 0
+cycle (one draft-prefill call over the tokens it missed): that call's measured cost, per tokens
+behind, is charged to k > 0 once over the output tokens the running requests have left, so the
+engine neither flips to speculation for a step that cannot repay it nor counts it as a cost
+outside the cycles (which would favour a larger k).
 
 Acceptance per request is kept as decayed counts (recent cycles weigh more), with the engine's
 own decayed counts over every request as the prior of a new request (before any: PRIOR_ACCEPTANCE).
@@ -113,19 +117,25 @@ class StepCosts:
     def measured(self) -> dict[int, dict[int, float]]:
         return {k: sizes.measured() for k, sizes in sorted(self._by_k.items())}
 
-    def cost(self, k: int, batch: int) -> float:
+    def cost(self, k: int, batch: int, default: float | None = None) -> float:
+        """Seconds of a cycle at k of `batch` requests; nothing measured for k: `default`, if given."""
         if k not in self._by_k:
+            if default is not None:
+                return default
             raise KeyError(f"no cost measured for k={k}")
         return self._by_k[k].cost(batch)
 
 
 def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int,
-             outside: SizeCosts | None = None) -> int:
+             outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0) -> int:
     """The k for the speculating requests (their acceptance rates `spec_rates`), the `num_off`
     requests with speculation off running a k=0 cycle of their own beside them. k = 0 runs every
     request in one plain cycle. outside: a step's seconds outside its cycles per running requests
     (the engine's own work per request, and a server's delivery of each output), paid whatever k
-    runs, so it counts per step, as the cycle does. The current k is kept unless another is
+    runs, so it counts per step, as the cycle does. catch_up: seconds of the draft's catch-up a
+    k > 0 cycle must run first (requests that ran k = 0 cycles: eagle_fx.serving.draft_catch_up),
+    paid once for the `remaining` output tokens the running requests have left: a k > 0 rate r
+    becomes remaining / (catch_up + remaining / r). The current k is kept unless another is
     HYSTERESIS faster."""
     total = len(spec_rates) + num_off
     fixed = outside.cost(total) if outside else 0.0
@@ -134,7 +144,8 @@ def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num
         if k == 0 or not spec_rates:
             return total / (costs.cost(0, total) + fixed)
         seconds = costs.cost(k, len(spec_rates)) + (costs.cost(0, num_off) if num_off else 0.0) + fixed
-        return (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
+        tokens_per_second = (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
+        return tokens_per_second / (1.0 + catch_up * tokens_per_second / max(remaining, 1.0))
 
     rates = {k: rate(k) for k in ks}
     best = max(rates, key=rates.get)

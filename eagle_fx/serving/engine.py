@@ -60,9 +60,8 @@ class Engine:
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
-        baseline continuous batching is measured against). explore_every: adaptive speculation
-        runs a k whose cost at the current batch size was not measured for this many cycles once,
-        so a cost measured badly (a noisy moment) does not keep that k out for good."""
+        baseline continuous batching is measured against). explore_every: adaptive speculation runs
+        a k not run at the current batch size for this many cycles once (a noisy cost does not keep it out)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission, self.explore_every, self._cycles_run = admission, explore_every, 0
@@ -122,15 +121,15 @@ class Engine:
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
         self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output
         self.costs = StepCosts()  # seconds of a cycle per (k, batch size)
-        self.outside = SizeCosts()  # seconds of a step outside its cycles and prefill, per running requests
+        self.outside = SizeCosts()  # seconds of a step outside its cycles, prefill and catch-up, per running requests
+        self.catch_ups = SizeCosts()  # seconds of a draft catch-up call, per tokens behind (powers of two)
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k = ks[-1]
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events = dict.fromkeys(OFF_REASONS, 0)
         self.prompt_tokens = self.generation_tokens = 0
-        self._ids = itertools.count()
-        self._warned_collapse = False
+        self._ids, self._warned_collapse = itertools.count(), False
         if self.adaptive and measure:
             measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
 
@@ -204,7 +203,7 @@ class Engine:
         if self.prefilling:
             self._prefill_chunk(outputs)
         prefill_seconds = time.perf_counter() - prefill_seconds
-        size, self._cycle_seconds = len(self.running), 0.0
+        size, self._cycle_seconds = len(self.running), 0.0  # (_cycle_seconds: cycles and catch-ups)
         if self.running:
             self._decode(outputs)
         ended = time.perf_counter()
@@ -319,13 +318,16 @@ class Engine:
     def pick_k(self, spec: list[Request], off: list[Request]) -> int:
         """The k of this step's cycle of the speculating requests `spec` (`off`: those at k = 0):
         the fastest by measured costs and recent acceptance (eagle_fx.serving.adaptive)."""
+        behind = sum(r.committed - r.draft_upto for r in spec)
+        catch_up = self.catch_ups.cost(behind) if behind and self.catch_ups else 0.0
         stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
-                 >= self.explore_every]
-        if stale:  # re-measure a k not run at this batch size for a while
+                 >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf')))]
+        if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more)
             return stale[0]
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
-        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside)
+        remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
+        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside, catch_up, remaining)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -394,10 +396,14 @@ class Engine:
                             r.request_id, 100 * self.collapse_threshold, self.collapse_window, self.probe_after)
 
     def _catch_up(self, group: list[Request]) -> None:
-        slots = [r.slot for r in group]
+        started, slots = time.perf_counter(), [r.slot for r in group]
         rows = torch.tensor(slots, dtype=torch.long, device=self.device)
         self.draft_logits[rows], self.draft_hidden[rows] = catch_up_draft(self.model, group, self.features, slots,
                                                                           self.tables, self.resume_window)
+        self.draft_logits[rows[:1]].sum().item()  # (a host read: the call's time, not its launch)
+        behind = sum(r.committed - r.draft_upto for r in group)  # (by the power of two at or above: a few sizes)
+        self.catch_ups.observe(1 << (behind - 1).bit_length(), time.perf_counter() - started)
+        self._cycle_seconds += time.perf_counter() - started
         for r in group:
             r.draft_upto = r.committed
 

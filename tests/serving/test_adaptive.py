@@ -107,6 +107,39 @@ def test_choose_k_counts_a_step_s_seconds_outside_its_cycles():
     assert chosen[64, 0.6, 0] > choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1)  # k=0 without it
 
 
+def test_choose_k_charges_the_drafts_catch_up_once_over_the_tokens_left():
+    """After k = 0 cycles a k > 0 cycle first runs the draft's catch-up: time to finish the
+    remaining tokens R at rate r is then catch_up + R / r, so the k > 0 rate is R / (catch_up + R / r)."""
+    def cost(k, batch):
+        return 1.0 + 0.05 * batch * (k + 1) + 0.3 * k
+
+    costs = StepCosts()
+    for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
+        costs.observe(k, b, cost(k, b))
+
+    def brute(rates, catch_up, remaining):
+        best, best_rate = None, -1.0
+        for k in range(4):
+            if k == 0:
+                rate = len(rates) / cost(0, len(rates))
+            else:
+                rate = sum(expected_tokens(r, k) for r in rates) / cost(k, len(rates))
+                rate = remaining / (catch_up + remaining / rate)
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    for batch, acceptance, catch_up, remaining in itertools.product([1, 4, 16], [0.6, 0.9], [0.0, 0.5, 5.0, 50.0],
+                                                                     [8, 64, 512]):
+        rates = [[acceptance] * 3] * batch
+        assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, catch_up=catch_up, remaining=remaining) == \
+            brute(rates, catch_up, remaining)
+    alone = [[0.9] * 3]
+    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1) == 3  # no catch-up: speculate
+    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1, catch_up=0.5, remaining=512) == 3  # repaid over many tokens
+    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1, catch_up=5.0, remaining=8) == 0  # not over the last few
+
+
 def test_choose_k_keeps_the_current_k_within_the_hysteresis():
     costs = StepCosts()
     costs.observe(0, 1, 1.0)

@@ -92,6 +92,9 @@ def test_greedy_requests_joining_a_running_batch_equal_hf_greedy(pair, model, en
     else:  # the seconds between cycles, per running requests (what choose_k adds to every k's cycle)
         outside = engine.outside.measured()
         assert outside and set(outside) <= set(range(1, 5)) and min(outside.values()) >= 0
+    if engine_kind == "scripted":  # k > 0 after k = 0: catch-ups ran, each timed by the tokens it caught up
+        catch_ups = engine.catch_ups.measured()
+        assert catch_ups and min(catch_ups) >= 1 and min(catch_ups.values()) > 0
     assert sorted(engine.free_slots) == [0, 1, 2, 3]
 
 
