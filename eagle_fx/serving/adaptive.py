@@ -5,7 +5,8 @@ Expected tokens of one cycle at k for a request whose conditional acceptance at 
 (given positions < i accepted) is a_i:  E(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i  (a greedy chain's
 acceptance at position j does not depend on k). The batch's rate at k is sum_r E_r(k) / cost(k, B);
 the k with the largest rate runs (k = 0: plain decoding, E = 1). Costs are the measured seconds of
-one cycle (draft steps + verify + extend, host read included) per (k, batch size): measured at
+one cycle (draft steps + verify + extend, host read included, and in service the engine's
+bookkeeping of the cycle's outputs, which differs by k) per (k, batch size): measured at
 warm-up over powers of two and kept current with every cycle (the median of the last few, so a stall
 does not stick); between measured sizes they are interpolated linearly. A step also costs seconds
 outside its cycles that grow with its requests and not with k (the engine's bookkeeping, a server's

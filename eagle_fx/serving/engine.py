@@ -334,11 +334,11 @@ class Engine:
         return request.committed - request.draft_upto < self.resume_window
 
     def _cycle(self, k: int, group: list[Request], outputs) -> None:
-        long = dict(dtype=torch.long, device=self.device)
+        """One cycle at k of `group`, timed whole (its host bookkeeping differs by k) into choose_k's costs."""
+        started, long = time.perf_counter(), dict(dtype=torch.long, device=self.device)
         slots = torch.tensor([r.slot for r in group], **long)
         committed = self.committed[slots]
         table = self._table(slots, max(r.committed for r in group))
-        started = time.perf_counter()
         forced, masks = None, None
         if any(r.grammar is not None for r in group):  # (rows of requests without one: all-allowed)
             masks = self.grammars.cycle_masks(group, k, self.stats)
@@ -350,12 +350,6 @@ class Engine:
             graph_by_graph=self.call is not None and self.call.graph_by_graph)
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
-        seconds = time.perf_counter() - started
-        if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
-            self.costs.observe(k, size, seconds)
-        self._cycle_seconds += seconds
-        self._cycles_run += 1
-        self._last_run[(k, size)] = self._cycles_run
         accepted, next_token = host[:size], host[size:2 * size]
         self.pending[slots], self.committed[slots] = next_t, committed + accepted_t + 1
         if k > 0:
@@ -380,6 +374,11 @@ class Engine:
                 final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
                 self.running.remove(r)
                 self._finish(r, final=final)
+        seconds, self._cycles_run = time.perf_counter() - started, self._cycles_run + 1
+        if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
+            self.costs.observe(k, size, seconds)
+        self._cycle_seconds += seconds
+        self._last_run[(k, size)] = self._cycles_run
 
     def _record(self, r: Request, k: int, a: int) -> None:
         self.stats.record([a], k)
