@@ -9,8 +9,8 @@ one cycle (draft steps + verify + extend, host read included, and in service the
 bookkeeping of the cycle's outputs, which differs by k) per (k, batch size): measured at
 warm-up over powers of two and kept current with every cycle (the median of the last few, so a stall
 does not stick); between measured sizes they are interpolated linearly. A step also costs seconds
-outside its cycles that grow with its requests and not with k (the engine's bookkeeping, a server's
-delivery of each output): measured between cycles, they are added to every k's cycle, which is what
+outside its cycles that grow with its requests and not with k (the engine loop's own work, a
+server's delivery of each output): measured between cycles, they are added to every k's cycle, which is what
 lets a larger k amortise them. After cycles at k = 0 the draft must catch up before the next k > 0
 cycle (one draft-prefill call over the tokens it missed): that call's measured cost, per tokens
 behind, is charged to k > 0 once over the output tokens the running requests have left, so the
