@@ -4,8 +4,9 @@ Unshifted chunk [a, c): the draft gets tokens t_a..t_{c-1} with features (carry 
 f_a..f_{c-2} (the shift of features is inside the graph, drop_prefill_shift); in a sequence's
 last chunk it also gets the token sampled after the prompt, t_n at position n with f_{n-1}, so its
 output there is the draft's state before the first cycle (what d_1 is drawn from) and no separate
-draft-extend call is needed (except with kv_share=LAYER: scheduler.enter_draft). Shifted chunk [a, c): draft tokens t_{a+1}..t_c, where t_c is the
-real next prompt token for an inner chunk and the sampled token only for the last one.
+draft-extend call is needed (except with kv_share=LAYER: scheduler.enter_draft). Shifted chunk
+[a, c): draft tokens t_{a+1}..t_c, where t_c is the real next prompt token for an inner chunk and
+the sampled token only for the last one.
 """
 from __future__ import annotations
 
