@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 
-from serve_common import held_out_prompts, hf_greedy, load_tokenizer_and_base, log
+from serve_common import held_out_prompts, hf_greedy, log
 
 SETTINGS = ("adaptive", "k=3", "k=0")
 

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from serve_common import REPO, held_out_prompts, log  # noqa: F401 - REPO puts the repository on sys.path
+from serve_common import REPO, held_out_prompts, hf_greedy, log  # noqa: F401 - REPO puts the repository on sys.path
 
 
 def parse_args(argv=None):
@@ -36,18 +36,6 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="seed of the length draw")
     ap.add_argument("--out", default="waves_vs_continuous.json", help="JSON results")
     return ap.parse_args(argv)
-
-
-def hf_refs(base, prompts, lengths) -> list[list[int]]:
-    import torch
-
-    refs, t0 = [], time.perf_counter()
-    with torch.inference_mode():
-        for p, n in zip(prompts, lengths):
-            out = base.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-            refs.append(out[0, len(p):].tolist())
-    log(f"HF greedy references: {len(prompts)} requests in {time.perf_counter() - t0:.1f} s")
-    return refs
 
 
 def run_engine(model, tok, prompts, lengths, admission: str, k: int) -> dict:
@@ -92,7 +80,8 @@ def main(argv=None) -> int:
     choices = [int(x) for x in args.lengths.split(",")]
     rng = random.Random(args.seed)
     lengths = [rng.choice(choices) for _ in prompts]
-    refs = hf_refs(base, prompts, lengths)
+    longest = hf_greedy(base, prompts, max(lengths))  # a shorter request's reference is a prefix of it
+    refs = [longest[tuple(p)][:n] for p, n in zip(prompts, lengths)]
     t0 = time.perf_counter()
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=args.backend,
                              max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, prefix_caching=False)
