@@ -6,9 +6,11 @@ Expected tokens of one cycle at k for a request whose conditional acceptance at 
 acceptance at position j does not depend on k). The batch's rate at k is sum_r E_r(k) / cost(k, B);
 the k with the largest rate runs (k = 0: plain decoding, E = 1). Costs are the measured seconds of
 one cycle (draft steps + verify + extend, host read included, and in service the engine's
-bookkeeping of the cycle's outputs, which differs by k) per (k, batch size): measured at
-warm-up over powers of two and kept current with every cycle (the median of the last few, so a stall
-does not stick); between measured sizes they are interpolated linearly. A step also costs seconds
+bookkeeping of the cycle's outputs, which differs by k) per (k, batch size) and the keys its
+attention reads (rows x table width: a cycle of long contexts costs several times one of short
+ones on a CPU): measured at warm-up over powers of two, at two contexts, and kept current with every
+cycle (the median of the last few, so a stall does not stick); between measured sizes they are
+interpolated linearly. A step also costs seconds
 outside its cycles that grow with its requests and not with k (the engine loop's own work, a
 server's delivery of each output): measured between cycles, they are added to every k's cycle, which is what
 lets a larger k amortise them. After cycles at k = 0 the draft must catch up before the next k > 0
@@ -106,29 +108,52 @@ class SizeCosts:
 
 
 class StepCosts:
-    """Seconds of one cycle per (k, batch size): a SizeCosts per k."""
+    """Seconds of one cycle per (k, batch size, keys): a cycle's attention reads every key of its
+    block table for each of its rows (keys = rows x table width in tokens, per layer), so a cycle at
+    k of B rows costs base_k(B) + slope_k(B) * keys. slope_k(B) (seconds per key) is measured once,
+    before serving, from cycles at two contexts (eagle_fx.serving.cost_probe); base_k(B) (a SizeCosts
+    per k) is what each measured cycle costs less its keys' share, kept current in service. Without
+    a slope for k (nothing measured at two contexts), keys cost nothing and base_k is the cycle."""
 
     def __init__(self, window: int = 5):
         self.window = window
         self._by_k: dict[int, SizeCosts] = {}
+        self._slopes: dict[int, SizeCosts] = {}
 
-    def observe(self, k: int, batch: int, seconds: float) -> None:
-        self._by_k.setdefault(k, SizeCosts(self.window)).observe(batch, seconds)
+    def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
+        self._slopes.setdefault(k, SizeCosts(self.window)).observe(batch, max(seconds_per_key, 0.0))
+
+    def slope(self, k: int, batch: int) -> float:
+        """Seconds per key of a cycle at k of `batch` rows: interpolated between measured sizes,
+        held at the nearest one outside them; 0 when none is measured."""
+        slopes = self._slopes.get(k)
+        if not slopes:
+            return 0.0
+        return slopes.cost(min(batch, max(slopes.measured())))
+
+    def observe(self, k: int, batch: int, seconds: float, keys: int = 0) -> None:
+        self._by_k.setdefault(k, SizeCosts(self.window)).observe(batch, seconds - self.slope(k, batch) * keys)
 
     def measured(self) -> dict[int, dict[int, float]]:
+        """base_k(B) per k and batch size (the cycle's seconds at no keys)."""
         return {k: sizes.measured() for k, sizes in sorted(self._by_k.items())}
 
-    def cost(self, k: int, batch: int, default: float | None = None) -> float:
-        """Seconds of a cycle at k of `batch` requests; nothing measured for k: `default`, if given."""
+    def slopes(self) -> dict[int, dict[int, float]]:
+        return {k: sizes.measured() for k, sizes in sorted(self._slopes.items())}
+
+    def cost(self, k: int, batch: int, default: float | None = None, keys: int = 0) -> float:
+        """Seconds of a cycle at k of `batch` requests reading `keys` keys per layer; nothing
+        measured for k: `default`, if given."""
         if k not in self._by_k:
             if default is not None:
                 return default
             raise KeyError(f"no cost measured for k={k}")
-        return self._by_k[k].cost(batch)
+        return max(self._by_k[k].cost(batch) + self.slope(k, batch) * keys, 0.0)
 
 
 def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int,
-             outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0) -> int:
+             outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
+             keys: tuple[int, int, int] = (0, 0, 0)) -> int:
     """The k for the speculating requests (their acceptance rates `spec_rates`), the `num_off`
     requests with speculation off running a k=0 cycle of their own beside them. k = 0 runs every
     request in one plain cycle. outside: a step's seconds outside its cycles per running requests
@@ -137,14 +162,17 @@ def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num
     k > 0 cycle must run first (requests that ran k = 0 cycles: eagle_fx.serving.draft_catch_up),
     paid once for the `remaining` output tokens the running requests have left: a k > 0 rate r
     becomes remaining / (catch_up + remaining / r). The current k is kept unless another is
-    HYSTERESIS faster."""
+    HYSTERESIS faster. keys: the keys per layer that the speculating requests' cycle, the others'
+    cycle and one cycle of all of them read (StepCosts)."""
     total = len(spec_rates) + num_off
+    spec_keys, off_keys, all_keys = keys
     fixed = outside.cost(total) if outside else 0.0
 
     def rate(k: int) -> float:
         if k == 0 or not spec_rates:
-            return total / (costs.cost(0, total) + fixed)
-        seconds = costs.cost(k, len(spec_rates)) + (costs.cost(0, num_off) if num_off else 0.0) + fixed
+            return total / (costs.cost(0, total, keys=all_keys) + fixed)
+        seconds = (costs.cost(k, len(spec_rates), keys=spec_keys) + fixed
+                   + (costs.cost(0, num_off, keys=off_keys) if num_off else 0.0))
         tokens_per_second = (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
         return tokens_per_second / (1.0 + catch_up * tokens_per_second / max(remaining, 1.0))
 

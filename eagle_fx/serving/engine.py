@@ -42,7 +42,7 @@ from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
 from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k
-from eagle_fx.serving.cost_probe import measure_cycle_costs
+from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
@@ -320,14 +320,15 @@ class Engine:
         the fastest by measured costs and recent acceptance (eagle_fx.serving.adaptive)."""
         behind = sum(r.committed - r.draft_upto for r in spec)
         catch_up = self.catch_ups.cost(behind) if behind and self.catch_ups else 0.0
+        keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
         stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
-                 >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf')))]
+                 >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
         if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more)
             return stale[0]
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
-        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside, catch_up, remaining)
+        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside, catch_up, remaining, keys)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -376,7 +377,7 @@ class Engine:
                 self._finish(r, final=final)
         seconds, self._cycles_run = time.perf_counter() - started, self._cycles_run + 1
         if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
-            self.costs.observe(k, size, seconds)
+            self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
         self._cycle_seconds += seconds
         self._last_run[(k, size)] = self._cycles_run
 

@@ -149,6 +149,56 @@ def test_choose_k_keeps_the_current_k_within_the_hysteresis():
     assert choose_k([0, 3], costs, rates, 0, current=-1) == 3
 
 
+
+def test_costs_split_a_cycle_into_its_keys_share_and_the_rest():
+    """A cycle at k of B rows reading X keys costs base_k(B) + slope_k(B) X: with the slope given,
+    cycles observed at any X give back the formula at every other X (a slope between measured batch
+    sizes interpolated, held at the ends); without one, keys cost nothing."""
+    def base(k, b):
+        return 1.0 + 0.05 * b * (k + 1)
+
+    def slope(k, b):
+        return 1e-4 * (1 + k) * (1 + b / 16)
+
+    costs = StepCosts()
+    for k, b in itertools.product([0, 3], [1, 4, 16]):
+        costs.set_slope(k, b, slope(k, b))
+        for keys in (b * 64, b * 512, b * 300):
+            costs.observe(k, b, base(k, b) + slope(k, b) * keys, keys=keys)
+    for k, b, keys in itertools.product([0, 3], [1, 4, 16], [0, 100, 5000]):
+        assert costs.cost(k, b, keys=keys) == pytest.approx(base(k, b) + slope(k, b) * keys)
+    assert costs.slope(3, 10) == pytest.approx((slope(3, 4) + slope(3, 16)) / 2)
+    assert costs.slope(3, 64) == pytest.approx(slope(3, 16)) and costs.slope(3, 1) == pytest.approx(slope(3, 1))
+    assert costs.slope(1, 4) == 0.0
+    assert costs.measured()[0][4] == pytest.approx(base(0, 4)) and costs.slopes()[3][16] == pytest.approx(slope(3, 16))
+
+
+def test_choose_k_prices_the_keys_each_cycle_reads():
+    """Long contexts make every cycle dearer by the keys its rows read, which speculation amortises
+    over more tokens: the choice is the brute force's over costs that include them, and a batch
+    that runs k = 0 at short contexts speculates at long ones."""
+    def base(k, b):
+        return 1.0 + 0.05 * b * (k + 1) + 0.3 * k
+
+    def slope(k, b):
+        return 2e-4 * (1 + 0.3 * k)
+
+    costs = StepCosts()
+    for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
+        costs.set_slope(k, b, slope(k, b))
+        costs.observe(k, b, base(k, b))
+    for batch, acceptance, off, context in itertools.product([1, 4, 16], [0.3, 0.6, 0.9], [0, 3], [64, 512, 2048]):
+        rates = [[acceptance] * 3] * batch
+        keys = (batch * context, off * context, (batch + off) * context)
+
+        def cost(k, b, context=context):
+            return base(k, b) + slope(k, b) * b * context
+
+        assert choose_k([0, 1, 2, 3], costs, rates, off, -1, keys=keys) == brute_force_k([0, 1, 2, 3], cost, rates, off)
+    rates = [[0.6] * 3] * 64
+    assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, keys=(64 * 64, 0, 64 * 64)) == 0
+    assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, keys=(64 * 2048, 0, 64 * 2048)) > 0
+
 def test_collapse_needs_a_full_window_below_the_threshold():
     watch = CollapseWatch(window=4, threshold=0.2)
     assert not any(watch.record(0, 3) for _ in range(3))  # window not full yet

@@ -92,6 +92,9 @@ def test_greedy_requests_joining_a_running_batch_equal_hf_greedy(pair, model, en
     else:  # the seconds between cycles, per running requests (what choose_k adds to every k's cycle)
         outside = engine.outside.measured()
         assert outside and set(outside) <= set(range(1, 5)) and min(outside.values()) >= 0
+        # the probe priced a key of attention for every k and batch size (cycles at two contexts)
+        slopes = engine.costs.slopes()
+        assert set(slopes) == set(engine.ks) and all(set(s) == {1, 2, 4} for s in slopes.values())
     if engine_kind == "scripted":  # k > 0 after k = 0: catch-ups ran, each timed by the tokens it caught up
         catch_ups = engine.catch_ups.measured()
         assert catch_ups and min(catch_ups) >= 1 and min(catch_ups.values()) > 0
