@@ -33,6 +33,7 @@ PRIOR_ACCEPTANCE = 0.6  # a draft position's acceptance before anything is measu
 DECAY = 0.9  # per cycle, of the acceptance counts (about the last 10 cycles weigh)
 PRIOR_WEIGHT = 2.0  # how many cycles the engine-wide prior counts as, for one request
 HYSTERESIS = 1.03  # another k must be this much faster than the current one to switch
+MIN_SERVICE = 3  # cycles measured in service that replace the startup probe's cost at a (k, batch size)
 
 
 @dataclass
@@ -73,20 +74,34 @@ def expected_tokens(rates: list[float], k: int) -> float:
 
 class SizeCosts:
     """Seconds of something per batch size: the median of its last `window` measurements (one stall,
-    a page fault or a GC, does not move it), interpolated between measured sizes."""
+    a page fault or a GC, does not move it), interpolated between measured sizes. Measurements taken
+    before serving (prior=True: the startup probe's) stand for a size, times `scale`, until
+    MIN_SERVICE measured in service replace them."""
 
     def __init__(self, window: int = 5):
         self.window = window
+        self.scale = 1.0
         self._recent: dict[int, deque] = {}
+        self._prior: dict[int, list[float]] = {}
 
-    def observe(self, batch: int, seconds: float) -> None:
-        self._recent.setdefault(batch, deque(maxlen=self.window)).append(seconds)
+    def observe(self, batch: int, seconds: float, prior: bool = False) -> None:
+        if prior:
+            self._prior.setdefault(batch, []).append(seconds)
+        else:
+            self._recent.setdefault(batch, deque(maxlen=self.window)).append(seconds)
 
     def __bool__(self) -> bool:
-        return bool(self._recent)
+        return bool(self._recent or self._prior)
+
+    def prior(self, batch: int) -> float | None:
+        """The probe's median at this size, if it measured it."""
+        return statistics.median(self._prior[batch]) if batch in self._prior else None
 
     def measured(self) -> dict[int, float]:
-        return {b: statistics.median(r) for b, r in sorted(self._recent.items())}
+        sizes = sorted(set(self._recent) | set(self._prior))
+        return {b: statistics.median(self._recent[b])
+                if len(self._recent.get(b, ())) >= MIN_SERVICE or b not in self._prior
+                else self.prior(b) * self.scale for b in sizes}
 
     def cost(self, batch: int) -> float:
         """Interpolated linearly between the nearest measured sizes; past the largest, along the
@@ -119,6 +134,7 @@ class StepCosts:
         self.window = window
         self._by_k: dict[int, SizeCosts] = {}
         self._slopes: dict[int, SizeCosts] = {}
+        self._ratios: deque = deque(maxlen=32)  # service / probe cost of recent cycles
 
     def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
         self._slopes.setdefault(k, SizeCosts(self.window)).observe(batch, max(seconds_per_key, 0.0))
@@ -131,8 +147,20 @@ class StepCosts:
             return 0.0
         return slopes.cost(min(batch, max(slopes.measured())))
 
-    def observe(self, k: int, batch: int, seconds: float, keys: int = 0) -> None:
-        self._by_k.setdefault(k, SizeCosts(self.window)).observe(batch, seconds - self.slope(k, batch) * keys)
+    def observe(self, k: int, batch: int, seconds: float, keys: int = 0, prior: bool = False) -> None:
+        """One cycle's seconds. prior=True: the startup probe's. A cycle in service where the probe
+        measured also updates the ratio of service to probe costs (the median of the last few), which
+        scales every probe cost not yet replaced (the probe runs one k at a time on idle caches and
+        dummy tokens: its costs are off by a common factor more than by k)."""
+        sizes = self._by_k.setdefault(k, SizeCosts(self.window))
+        value = seconds - self.slope(k, batch) * keys
+        before = sizes.prior(batch)
+        sizes.observe(batch, value, prior)
+        if not prior and before is not None and before > 0:
+            self._ratios.append(value / before)
+            scale = statistics.median(self._ratios)
+            for each in self._by_k.values():
+                each.scale = scale
 
     def measured(self) -> dict[int, dict[int, float]]:
         """base_k(B) per k and batch size (the cycle's seconds at no keys)."""

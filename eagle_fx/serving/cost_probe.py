@@ -16,7 +16,7 @@ from eagle_fx.runtime.static_buffers import buckets
 
 
 @torch.no_grad()
-def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 5, contexts: tuple[int, int] = (64, 512)) -> dict:
+def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 7, contexts: tuple[int, int] = (64, 512)) -> dict:
     """Seconds of `repeats` cycles per (k, batch size, context) into engine.costs (each one a
     measurement: it keeps their median; with both contexts measured, the seconds per key first);
     returns the costs at no keys. A context whose blocks the pool cannot give at a batch size is
@@ -34,17 +34,15 @@ def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 5, contexts: tu
             except RuntimeError:
                 continue  # a pool too small for this many sequences at this context: not measured
             try:
-                for k in engine.ks:
-                    cycle = engine.cycles[k]
-                    args = cycle_inputs(engine, blocks, batch, context)
-                    cycle(model.executor, _greedy(), *args)  # compiles (first time) and warms
-                    seconds = []
-                    for _ in range(repeats):
+                args = cycle_inputs(engine, blocks, batch, context)
+                for k in engine.ks:  # compiles (first time) and warms
+                    engine.cycles[k](model.executor, _greedy(), *args)[0].tolist()
+                keys = batch * width * model.options.block_size
+                for _ in range(repeats):  # the ks in turn: a drift of the machine moves them alike
+                    for k in engine.ks:
                         started = time.perf_counter()
-                        out = cycle(model.executor, _greedy(), *args)
-                        out[0].tolist()
-                        seconds.append(time.perf_counter() - started)
-                    samples[k][batch * width * model.options.block_size] = seconds
+                        engine.cycles[k](model.executor, _greedy(), *args)[0].tolist()
+                        samples[k].setdefault(keys, []).append(time.perf_counter() - started)
             finally:
                 kv.allocator.release(blocks)
         for k, by_keys in samples.items():
@@ -53,7 +51,7 @@ def measure_cycle_costs(engine, batch_sizes=None, repeats: int = 5, contexts: tu
                 engine.costs.set_slope(k, batch, (statistics.median(long) - statistics.median(short)) / (many - few))
             for keys, seconds in by_keys.items():
                 for s in seconds:
-                    engine.costs.observe(k, batch, s, keys=keys)
+                    engine.costs.observe(k, batch, s, keys=keys, prior=True)
     return engine.costs.measured()
 
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k,
-                                       expected_tokens)
+from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts, StepCosts,
+                                       choose_k, expected_tokens)
 
 
 def test_expected_tokens_is_the_mean_of_simulated_cycles():
@@ -172,6 +172,29 @@ def test_costs_split_a_cycle_into_its_keys_share_and_the_rest():
     assert costs.slope(1, 4) == 0.0
     assert costs.measured()[0][4] == pytest.approx(base(0, 4)) and costs.slopes()[3][16] == pytest.approx(slope(3, 16))
 
+
+def test_probe_costs_stand_scaled_by_service_until_service_replaces_them():
+    """The startup probe's costs are off by a common factor: a cycle measured in service where the
+    probe measured sets the factor (the median of the recent ratios) for every probe cost; at a
+    (k, batch size) MIN_SERVICE cycles in service replace the probe's there."""
+    def probe(k, b):
+        return 1.0 + 0.1 * b * (k + 1)
+
+    costs = StepCosts()
+    for k, b, _ in itertools.product([0, 3], [1, 4], range(3)):
+        costs.observe(k, b, probe(k, b), prior=True)
+    assert costs.cost(3, 4) == pytest.approx(probe(3, 4))
+    costs.observe(0, 4, 1.5 * probe(0, 4))  # service runs 1.5x the probe
+    for k, b in itertools.product([0, 3], [1, 4]):
+        assert costs.cost(k, b) == pytest.approx(1.5 * probe(k, b))
+    assert costs.cost(3, 2) == pytest.approx(1.5 * (probe(3, 1) + (probe(3, 4) - probe(3, 1)) / 3))
+    for _ in range(MIN_SERVICE):
+        costs.observe(3, 4, 2.0 * probe(3, 4))  # (ratios now 1.5 and 2.0 x3: the median 2.0)
+    assert costs.cost(3, 4) == pytest.approx(2.0 * probe(3, 4))
+    assert costs.cost(0, 1) == pytest.approx(2.0 * probe(0, 1))
+    assert costs.cost(0, 4) == pytest.approx(2.0 * probe(0, 4))  # one service cycle there: the probe's, scaled
+    costs.observe(1, 8, 3.0)  # no probe at (1, 8): service stands from the first cycle
+    assert costs.cost(1, 8) == 3.0
 
 def test_choose_k_prices_the_keys_each_cycle_reads():
     """Long contexts make every cycle dearer by the keys its rows read, which speculation amortises
