@@ -76,10 +76,12 @@ class SizeCosts:
     """Seconds of something per batch size: the median of its last `window` measurements (one stall,
     a page fault or a GC, does not move it), interpolated between measured sizes. Measurements taken
     before serving (prior=True: the startup probe's) stand for a size, times `scale`, until
-    MIN_SERVICE measured in service replace them."""
+    MIN_SERVICE measured in service replace them. extrapolate=False: past the largest measured
+    size, its cost (an estimate that only grows when measured: what a cost that decides whether the
+    thing is tried at all needs, lest a wrong line keep it from ever being measured)."""
 
-    def __init__(self, window: int = 5):
-        self.window = window
+    def __init__(self, window: int = 5, extrapolate: bool = True):
+        self.window, self.extrapolate = window, extrapolate
         self.scale = 1.0
         self._recent: dict[int, deque] = {}
         self._prior: dict[int, list[float]] = {}
@@ -113,6 +115,8 @@ class SizeCosts:
         if batch <= sizes[0]:
             return table[sizes[0]]
         if batch >= sizes[-1]:
+            if not self.extrapolate:
+                return table[sizes[-1]]
             if len(sizes) == 1:
                 return table[sizes[0]] * batch / sizes[0]
             lo, hi = sizes[-2], sizes[-1]
@@ -137,15 +141,13 @@ class StepCosts:
         self._ratios: deque = deque(maxlen=32)  # service / probe cost of recent cycles
 
     def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
-        self._slopes.setdefault(k, SizeCosts(self.window)).observe(batch, max(seconds_per_key, 0.0))
+        self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
 
     def slope(self, k: int, batch: int) -> float:
         """Seconds per key of a cycle at k of `batch` rows: interpolated between measured sizes,
         held at the nearest one outside them; 0 when none is measured."""
         slopes = self._slopes.get(k)
-        if not slopes:
-            return 0.0
-        return slopes.cost(min(batch, max(slopes.measured())))
+        return slopes.cost(batch) if slopes else 0.0
 
     def observe(self, k: int, batch: int, seconds: float, keys: int = 0, prior: bool = False) -> None:
         """One cycle's seconds. prior=True: the startup probe's. A cycle in service where the probe

@@ -122,7 +122,7 @@ class Engine:
         self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output
         self.costs = StepCosts()  # seconds of a cycle per (k, batch size)
         self.outside = SizeCosts()  # seconds of a step outside its cycles, prefill and catch-up, per running requests
-        self.catch_ups = SizeCosts()  # seconds of a draft catch-up call, per tokens behind (powers of two)
+        self.catch_ups = SizeCosts(extrapolate=False)  # seconds of a draft catch-up call, per tokens behind (powers of 2)
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k = ks[-1]

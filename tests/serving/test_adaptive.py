@@ -42,6 +42,10 @@ def test_costs_interpolate_between_measured_batch_sizes():
     costs.observe(3, 8, 6.0)
     assert costs.cost(3, 2) == pytest.approx(2.0) and costs.cost(3, 6) == pytest.approx(5.0)
     assert costs.cost(3, 16) == pytest.approx(10.0)  # along the line through the two largest
+    held = SizeCosts(extrapolate=False)  # (the draft's catch-up: a cost that decides whether it is tried)
+    for size, seconds in ((1, 2.0), (4, 3.0)):
+        held.observe(size, seconds)
+    assert held.cost(2) == pytest.approx(2.0 + 1 / 3) and held.cost(400) == 3.0
     with pytest.raises(KeyError):
         costs.cost(1, 4)
 
