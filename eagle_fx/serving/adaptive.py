@@ -9,13 +9,14 @@ one cycle (draft steps + verify + extend, host read included, and in service the
 bookkeeping of the cycle's outputs, which differs by k) per (k, batch size) and the keys its
 attention reads (rows x table width: a cycle of long contexts costs several times one of short
 ones on a CPU): measured at warm-up over powers of two, at two contexts, and kept current with every
-cycle (the median of the last few, so a stall does not stick); between measured sizes they are
-interpolated linearly. A step also costs seconds
-outside its cycles that grow with its requests and not with k (the engine loop's own work, a
-server's delivery of each output): measured between cycles, they are added to every k's cycle, which is what
-lets a larger k amortise them. After cycles at k = 0 the draft must catch up before the next k > 0
-cycle (one draft-prefill call over the tokens it missed): that call's measured cost, per tokens
-behind, is charged to k > 0 once over the output tokens the running requests have left, so the
+cycle (the median of the last few, so a stall does not stick; the warm-up's stand, scaled by how
+service compares with them, until cycles in service replace them); between measured sizes they are
+interpolated linearly. A step also costs seconds outside its cycles that grow with its requests
+and not with k (the engine loop's own work, a server's delivery of each output): measured between
+cycles, they are added to every k's cycle, which is what lets a larger k amortise them. After
+cycles at k = 0 the draft must catch up before the next k > 0 cycle (one draft-prefill call over
+the tokens it missed): that call's measured cost, per tokens behind (held at the largest measured
+past it), is charged to k > 0 once over the output tokens the running requests have left, so the
 engine neither flips to speculation for a step that cannot repay it nor counts it as a cost
 outside the cycles (which would favour a larger k).
 
