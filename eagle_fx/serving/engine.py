@@ -120,7 +120,7 @@ class Engine:
         self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
         self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output
-        self.costs = StepCosts()  # seconds of a cycle per (k, batch size)
+        self.costs = StepCosts()  # seconds of a cycle per (k, batch size, keys its attention reads)
         self.outside = SizeCosts()  # seconds of a step outside its cycles, prefill and catch-up, per running requests
         self.catch_ups = SizeCosts(extrapolate=False)  # seconds of a draft catch-up call, per tokens behind (powers of 2)
         self._step_ended: float | None = None  # when the last step that left requests running ended
