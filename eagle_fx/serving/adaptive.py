@@ -76,14 +76,13 @@ def expected_tokens(rates: list[float], k: int) -> float:
 class SizeCosts:
     """Seconds of something per batch size: the median of its last `window` measurements (one stall,
     a page fault or a GC, does not move it), interpolated between measured sizes. Measurements taken
-    before serving (prior=True: the startup probe's) stand for a size, times `scale`, until
-    MIN_SERVICE measured in service replace them. extrapolate=False: past the largest measured
+    before serving (prior=True: the startup probe's) stand for a size, times the caller's `scale`,
+    until MIN_SERVICE measured in service replace them. extrapolate=False: past the largest measured
     size, its cost (an estimate that only grows when measured: what a cost that decides whether the
     thing is tried at all needs, lest a wrong line keep it from ever being measured)."""
 
     def __init__(self, window: int = 5, extrapolate: bool = True):
         self.window, self.extrapolate = window, extrapolate
-        self.scale = 1.0
         self._recent: dict[int, deque] = {}
         self._prior: dict[int, list[float]] = {}
 
@@ -100,16 +99,16 @@ class SizeCosts:
         """The probe's median at this size, if it measured it."""
         return statistics.median(self._prior[batch]) if batch in self._prior else None
 
-    def measured(self) -> dict[int, float]:
+    def measured(self, scale: float = 1.0) -> dict[int, float]:
         sizes = sorted(set(self._recent) | set(self._prior))
         return {b: statistics.median(self._recent[b])
                 if len(self._recent.get(b, ())) >= MIN_SERVICE or b not in self._prior
-                else self.prior(b) * self.scale for b in sizes}
+                else self.prior(b) * scale for b in sizes}
 
-    def cost(self, batch: int) -> float:
+    def cost(self, batch: int, scale: float = 1.0) -> float:
         """Interpolated linearly between the nearest measured sizes; past the largest, along the
         line through the two largest (never below the largest's cost); below the smallest, its cost."""
-        table = self.measured()
+        table = self.measured(scale)
         if not table:
             raise KeyError("nothing measured")
         sizes = list(table)
@@ -140,6 +139,7 @@ class StepCosts:
         self._by_k: dict[int, SizeCosts] = {}
         self._slopes: dict[int, SizeCosts] = {}
         self._ratios: deque = deque(maxlen=32)  # service / probe cost of recent cycles
+        self.scale = 1.0  # what the probe's costs are multiplied by: the median of _ratios
 
     def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
         self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
@@ -153,21 +153,19 @@ class StepCosts:
     def observe(self, k: int, batch: int, seconds: float, keys: int = 0, prior: bool = False) -> None:
         """One cycle's seconds. prior=True: the startup probe's. A cycle in service where the probe
         measured also updates the ratio of service to probe costs (the median of the last few), which
-        scales every probe cost not yet replaced (the probe runs one k at a time on idle caches and
-        dummy tokens: its costs are off by a common factor more than by k)."""
+        scales every probe cost not yet replaced (the probe runs short bursts of cycles on dummy
+        tokens, outside the engine's bookkeeping: its costs are off by a common factor more than by k)."""
         sizes = self._by_k.setdefault(k, SizeCosts(self.window))
         value = seconds - self.slope(k, batch) * keys
         before = sizes.prior(batch)
         sizes.observe(batch, value, prior)
         if not prior and before is not None and before > 0:
             self._ratios.append(value / before)
-            scale = statistics.median(self._ratios)
-            for each in self._by_k.values():
-                each.scale = scale
+            self.scale = statistics.median(self._ratios)
 
     def measured(self) -> dict[int, dict[int, float]]:
         """base_k(B) per k and batch size (the cycle's seconds at no keys)."""
-        return {k: sizes.measured() for k, sizes in sorted(self._by_k.items())}
+        return {k: sizes.measured(self.scale) for k, sizes in sorted(self._by_k.items())}
 
     def slopes(self) -> dict[int, dict[int, float]]:
         return {k: sizes.measured() for k, sizes in sorted(self._slopes.items())}
@@ -179,7 +177,7 @@ class StepCosts:
             if default is not None:
                 return default
             raise KeyError(f"no cost measured for k={k}")
-        return max(self._by_k[k].cost(batch) + self.slope(k, batch) * keys, 0.0)
+        return max(self._by_k[k].cost(batch, self.scale) + self.slope(k, batch) * keys, 0.0)
 
 
 def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int,
