@@ -86,6 +86,8 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
     (the caller runs the cycle inside `filling(masks)`)."""
     k, offset = settings.num_spec_tokens, settings.draft_offset
     width = bitmask_width(spec.vocab_size)
+    committed_len, block_table, spec_rows, draft_logits, draft_hidden = per_sequence(
+        pending.shape[0], committed_len, block_table, spec_rows, draft_logits, draft_hidden)
 
     def allowed(j, previous):  # the packed mask of draft j+1, after draft j = previous (None: no grammar)
         return grammar_draft_row(previous, j, width) if settings.grammar else None
@@ -104,6 +106,17 @@ def chain_cycle(run, spec, settings: CycleSettings, pending: torch.Tensor, commi
     rows = grammar_verify_rows(drafts, width) if settings.grammar else None
     return verify_and_extend(run, spec, settings, noise, pending, drafts, draft_probs, committed_len, block_table,
                              spec_rows, draft_logits, draft_hidden, rows)
+
+
+def per_sequence(num_seqs, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """tensors viewed with num_seqs rows (they have that many). Free when run eagerly; traced, it tells
+    the compiler that their first sizes are one size: torch.compile gives each input's size a symbol
+    of its own, and a one-sequence cycle specialises pending's to 1 but not committed_len's, so the
+    verify's positions had another row count than its tokens, and an attention output reshaped by
+    both had a symbolic width, which inductor's C++ GEMM template refuses: the o_proj and residual
+    add of every layer fell back to a oneDNN call at 3-5x the template's time (measured: 50 us of a
+    1.4 ms k=0 step each)."""
+    return [t.view(num_seqs, *t.shape[1:]) for t in tensors]
 
 
 def pick_draft(spec, settings: CycleSettings, noise: CycleNoise, logits: torch.Tensor, j: int,
@@ -162,7 +175,7 @@ def verify_and_extend(run, spec, settings: CycleSettings, noise: CycleNoise, pen
                                                 noise.race[:, k])
     else:
         accepted, next_token = greedy_accept(drafts, greedy(logits).view(num_seqs, k + 1))
-    features = features.view(num_seqs, k + 1, -1)
+    features = features.view(num_seqs, k + 1, features.shape[-1])
     inputs, _ = extend_inputs(drafts, accepted, next_token, features, committed_len, block_table, spec_rows, offset,
                               block_size)
     draft_logits, draft_hidden = run("draft_extend", inputs)
