@@ -264,3 +264,33 @@ def test_a_compiled_cycle_called_on_a_view_is_not_traced_again_for_a_tensor_that
         cycle(model.executor, Sampler(), torch.zeros(4, **long)[:2], torch.full((2,), 5, **long), table,
               torch.arange(2, **long), logits[:2], hidden[2:])
     assert len(compiles) == 1
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_every_matmul_of_a_compiled_cycle_has_a_known_width(k):
+    """Each input of a compiled cycle gets a size symbol of its own and a one-sequence cycle pins
+    pending's to 1: the verify's positions (from committed_len) then had another row count than its
+    tokens, an attention output reshaped by both a symbolic width (64*(4//s0)), and inductor refused
+    its C++ GEMM template for those linears (o_proj + residual ran as oneDNN calls at 3-5x the
+    template's time). Oracle: in the graph dynamo traces (counting backend, cheap), every linear's
+    input width is a number (no free size symbol), at one sequence and at several."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    from eagle_fx.runtime.sampling import Sampler
+
+    model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), num_spec_tokens=2, max_batch_size=2,
+                             max_seq_len=64)
+    torch._dynamo.reset()
+    long, spec = dict(dtype=torch.long), model.spec
+    cycle, traced = traced_chain_cycle(model, k)
+    for num_seqs in (1, 2):
+        cycle(model.executor, Sampler(), torch.zeros(num_seqs, **long), torch.full((num_seqs,), 5, **long),
+              torch.arange(2 * num_seqs, **long).view(num_seqs, 2).clone(), torch.arange(num_seqs, **long),
+              torch.zeros(num_seqs, spec.vocab_size), torch.zeros(num_seqs, spec.draft_hidden_size))
+    assert len(traced) == 2
+    for gm in traced:
+        linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (
+            torch.ops.aten.linear.default, torch.nn.functional.linear, torch._C._nn.linear)]
+        assert linears  # the test can fail: it finds the step graphs' linears
+        widths = {n.name: n.args[0].meta["example_value"].shape[-1] for n in linears}
+        assert not {name: str(w) for name, w in widths.items() if free_symbols(w)}
