@@ -61,7 +61,8 @@ def extend_inputs(drafted: torch.Tensor, accepted: torch.Tensor, next_token: tor
                  + draft_offset).reshape(-1)
     committed_len = committed_len + accepted + 1  # the base KV now holds every accepted token; next is pending
     return dict(input_ids=tokens.reshape(1, -1), positions=positions[None],
-                features=path_features.reshape(num_seqs * per_seq, path_features.shape[-1]), logits_indices=query_start_loc[:-1] + accepted,
+                features=path_features.reshape(num_seqs * per_seq, path_features.shape[-1]),
+                logits_indices=query_start_loc[:-1] + accepted,
                 next_tokens=next_token, query_start_loc=query_start_loc,
                 slot_mapping=slot_mapping(block_table, seq, positions, block_size), block_table=block_table,
                 spec_rows=spec_rows, committed_len=committed_len), committed_len
