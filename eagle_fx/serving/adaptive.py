@@ -79,51 +79,68 @@ class SizeCosts:
     before serving (prior=True: the startup probe's) stand for a size, times the caller's `scale`,
     until MIN_SERVICE measured in service replace them. extrapolate=False: past the largest measured
     size, its cost (an estimate that only grows when measured: what a cost that decides whether the
-    thing is tried at all needs, lest a wrong line keep it from ever being measured)."""
+    thing is tried at all needs, lest a wrong line keep it from ever being measured).
+
+    The medians are kept current by observe (a size's, when it is measured), so that cost is a
+    bisection: the engine prices every candidate k before each cycle."""
 
     def __init__(self, window: int = 5, extrapolate: bool = True):
         self.window, self.extrapolate = window, extrapolate
         self._recent: dict[int, deque] = {}
         self._prior: dict[int, list[float]] = {}
+        self._sizes: list[int] = []  # every measured size, sorted
+        self._service: dict[int, float] = {}  # a size's median in service, where it stands for the size
+        self._prior_median: dict[int, float] = {}
 
     def observe(self, batch: int, seconds: float, prior: bool = False) -> None:
+        if batch not in self._recent and batch not in self._prior:
+            bisect.insort(self._sizes, batch)
         if prior:
             self._prior.setdefault(batch, []).append(seconds)
+            self._prior_median[batch] = statistics.median(self._prior[batch])
         else:
             self._recent.setdefault(batch, deque(maxlen=self.window)).append(seconds)
+        recent = self._recent.get(batch, ())
+        if recent and (len(recent) >= MIN_SERVICE or batch not in self._prior):
+            self._service[batch] = statistics.median(recent)
+        else:
+            self._service.pop(batch, None)
 
     def __bool__(self) -> bool:
-        return bool(self._recent or self._prior)
+        return bool(self._sizes)
 
     def prior(self, batch: int) -> float | None:
         """The probe's median at this size, if it measured it."""
-        return statistics.median(self._prior[batch]) if batch in self._prior else None
+        return self._prior_median.get(batch)
+
+    def _value(self, batch: int, scale: float) -> float:
+        service = self._service.get(batch)
+        return service if service is not None else self._prior_median[batch] * scale
 
     def measured(self, scale: float = 1.0) -> dict[int, float]:
-        sizes = sorted(set(self._recent) | set(self._prior))
-        return {b: statistics.median(self._recent[b])
-                if len(self._recent.get(b, ())) >= MIN_SERVICE or b not in self._prior
-                else self.prior(b) * scale for b in sizes}
+        return {b: self._value(b, scale) for b in self._sizes}
 
     def cost(self, batch: int, scale: float = 1.0) -> float:
         """Interpolated linearly between the nearest measured sizes; past the largest, along the
-        line through the two largest (never below the largest's cost); below the smallest, its cost."""
-        table = self.measured(scale)
-        if not table:
+        line through the two largest (never below the largest's cost), or the largest's cost
+        (extrapolate=False); below the smallest, its cost."""
+        sizes = self._sizes
+        if not sizes:
             raise KeyError("nothing measured")
-        sizes = list(table)
         if batch <= sizes[0]:
-            return table[sizes[0]]
+            return self._value(sizes[0], scale)
         if batch >= sizes[-1]:
+            top = self._value(sizes[-1], scale)
             if not self.extrapolate:
-                return table[sizes[-1]]
+                return top
             if len(sizes) == 1:
-                return table[sizes[0]] * batch / sizes[0]
+                return top * batch / sizes[0]
             lo, hi = sizes[-2], sizes[-1]
-            return max(table[hi], table[hi] + (table[hi] - table[lo]) / (hi - lo) * (batch - hi))
+            return max(top, top + (top - self._value(lo, scale)) / (hi - lo) * (batch - hi))
         at = bisect.bisect_left(sizes, batch)
         lo, hi = sizes[at - 1], sizes[at]
-        return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo)
+        low = self._value(lo, scale)
+        return low + (self._value(hi, scale) - low) / (hi - lo) * (batch - lo)
 
 
 class StepCosts:
