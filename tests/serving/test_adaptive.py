@@ -61,6 +61,50 @@ def test_a_cost_is_the_median_of_its_last_measurements():
     assert not SizeCosts() and costs
 
 
+def costs_from_scratch(history, batch, scale, window, extrapolate):
+    """SizeCosts.cost by its definition, from every (size, seconds, prior) observed so far: per size,
+    the median of its last `window` service measurements once there are MIN_SERVICE of them (or any,
+    where the probe did not measure it), else the probe's median times scale; linear between sizes."""
+    import statistics
+
+    table = {}
+    for size in sorted({h[0] for h in history}):
+        service = [s for b, s, p in history if b == size and not p][-window:]
+        probe = [s for b, s, p in history if b == size and p]
+        table[size] = statistics.median(service) if service and (len(service) >= MIN_SERVICE or not probe) \
+            else statistics.median(probe) * scale
+    sizes = sorted(table)
+    if batch <= sizes[0]:
+        return table[sizes[0]]
+    if batch >= sizes[-1]:
+        if not extrapolate:
+            return table[sizes[-1]]
+        if len(sizes) == 1:
+            return table[sizes[0]] * batch / sizes[0]
+        lo, hi = sizes[-2], sizes[-1]
+        return max(table[hi], table[hi] + (table[hi] - table[lo]) / (hi - lo) * (batch - hi))
+    lo = max(b for b in sizes if b < batch)
+    hi = min(b for b in sizes if b >= batch)
+    return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo) if hi != lo else table[hi]
+
+
+@pytest.mark.parametrize("extrapolate", [True, False])
+def test_size_costs_kept_current_equal_their_definition(extrapolate):
+    """SizeCosts updates a size's median when it is measured (pricing is a bisection): after any
+    sequence of probe and service measurements it prices every size as recomputing from scratch does."""
+    rng = random.Random(1)
+    for trial in range(30):
+        costs, history = SizeCosts(window=4, extrapolate=extrapolate), []
+        for _ in range(rng.randint(1, 40)):
+            size, seconds, prior = rng.choice([1, 2, 3, 4, 8, 16]), rng.uniform(0.5, 2.0), rng.random() < 0.3
+            costs.observe(size, seconds, prior)
+            history.append((size, seconds, prior))
+            scale = rng.uniform(0.5, 2.0)
+            for batch in (1, 2, 3, 5, 7, 12, 16, 40):
+                assert costs.cost(batch, scale) == pytest.approx(
+                    costs_from_scratch(history, batch, scale, 4, extrapolate)), (trial, history, batch)
+
+
 def brute_force_k(ks, cost, rates, num_off, outside=lambda batch: 0.0):
     best, best_rate = None, -1.0
     fixed = outside(len(rates) + num_off)
