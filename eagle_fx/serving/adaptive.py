@@ -20,8 +20,9 @@ past it), is charged to k > 0 once over the output tokens the running requests h
 engine neither flips to speculation for a step that cannot repay it nor counts it as a cost
 outside the cycles (which would favour a larger k).
 
-Acceptance per request is kept as decayed counts (recent cycles weigh more), with the engine's
-own decayed counts over every request as the prior of a new request (before any: PRIOR_ACCEPTANCE).
+Acceptance per request is kept as decayed counts per draft position (its recent trials weigh more; a
+position not tried keeps its estimate), with the engine's own decayed counts over every request as
+the prior of a new request (before any: PRIOR_ACCEPTANCE).
 """
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ class Acceptance:
         self.accepted = self.accepted or [0.0] * self.num_positions
 
     def record(self, k: int, accepted: int) -> None:
-        for i in range(self.num_positions):
-            self.tried[i] *= DECAY
-            self.accepted[i] *= DECAY
+        """One cycle of k drafts of which `accepted` passed. Only the positions it tried decay: a
+        position not tried (past a rejection, or past a smaller k) keeps its estimate, where decaying
+        it pulled the estimate to the prior in a few cycles, so that running k = 1 for a while priced
+        k = 3 below what it was measured at and kept it from being chosen."""
         for i in range(min(k, accepted + 1)):  # positions 0..accepted were tried; the first `accepted` passed
-            self.tried[i] += 1.0
-            self.accepted[i] += float(i < accepted)
+            self.tried[i] = self.tried[i] * DECAY + 1.0
+            self.accepted[i] = self.accepted[i] * DECAY + float(i < accepted)
 
     def rates(self, prior: list[float] | None = None) -> list[float]:
         """Conditional acceptance per position, pulled toward `prior` (PRIOR_WEIGHT cycles' worth)."""

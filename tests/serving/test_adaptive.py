@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts, StepCosts,
-                                       choose_k, expected_tokens)
+from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, MIN_SERVICE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance,
+                                       CollapseWatch, SizeCosts, StepCosts, choose_k, expected_tokens)
 
 
 def test_expected_tokens_is_the_mean_of_simulated_cycles():
@@ -33,6 +33,21 @@ def test_acceptance_counts_are_conditional_and_decayed():
     rates = a.rates(prior)
     assert rates[2] == 0.5  # never tried: the prior
     assert rates[0] == pytest.approx((DECAY + 1 + 2 * 0.5) / (DECAY + 1 + 2))
+
+
+def test_a_position_not_tried_keeps_its_estimate():
+    """Cycles at k = 1 try position 0 only: positions 1 and 2 keep what k = 3 cycles measured (decaying
+    them pulled k = 3's expected tokens to the prior's, so that k = 1 kept winning once it ran)."""
+    a = Acceptance(3)
+    for accepted in (3, 2, 3, 3, 1, 3, 2, 3) * 3:
+        a.record(3, accepted)
+    measured = a.rates()
+    for accepted in (1, 0, 1, 1) * 10:
+        a.record(1, accepted)
+    after = a.rates()
+    assert after[1:] == pytest.approx(measured[1:])
+    assert after[0] == pytest.approx((a.accepted[0] + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (a.tried[0] + PRIOR_WEIGHT))
+    assert after[0] < measured[0]
 
 
 def test_costs_interpolate_between_measured_batch_sizes():
