@@ -2,6 +2,7 @@
 cost interpolation, the choice of k, collapse detection."""
 import itertools
 import random
+import statistics
 
 import pytest
 
@@ -80,8 +81,6 @@ def costs_from_scratch(history, batch, scale, window, extrapolate):
     """SizeCosts.cost by its definition, from every (size, seconds, prior) observed so far: per size,
     the median of its last `window` service measurements once there are MIN_SERVICE of them (or any,
     where the probe did not measure it), else the probe's median times scale; linear between sizes."""
-    import statistics
-
     table = {}
     for size in sorted({h[0] for h in history}):
         service = [s for b, s, p in history if b == size and not p][-window:]
@@ -100,7 +99,7 @@ def costs_from_scratch(history, batch, scale, window, extrapolate):
         return max(table[hi], table[hi] + (table[hi] - table[lo]) / (hi - lo) * (batch - hi))
     lo = max(b for b in sizes if b < batch)
     hi = min(b for b in sizes if b >= batch)
-    return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo) if hi != lo else table[hi]
+    return table[lo] + (table[hi] - table[lo]) / (hi - lo) * (batch - lo)
 
 
 @pytest.mark.parametrize("extrapolate", [True, False])
