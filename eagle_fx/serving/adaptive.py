@@ -199,32 +199,69 @@ class StepCosts:
         return max(self._by_k[k].cost(batch, self.scale) + self.slope(k, batch) * keys, 0.0)
 
 
-def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: int,
+def speculation_ks(model, speculation: str | int, ks: list[int] | None) -> list[int]:
+    """The ks an engine's cycles may run: speculation="adaptive" (ks, default 0, 1 and the model's k;
+    0 always among them) or a fixed k; [0] for a model without a draft. Bad settings: a ValueError."""
+    k_max = model.num_spec_tokens
+    if speculation == "adaptive":
+        if model.static_steps:
+            raise ValueError("adaptive speculation changes k per cycle; static steps fix it (backend='triton'): "
+                             "pass speculation=k")
+        if model.options.prefill_shift:
+            raise ValueError("adaptive speculation needs the unshifted draft prefill (prefill_shift=False, the "
+                             "default): the draft catches up after k = 0 cycles with it")
+        # default: 0, 1 and k (each k is a compiled cycle, two with inductor: minutes of compile on a CPU)
+        ks = sorted(set(ks if ks is not None else {0, min(1, k_max), k_max}))
+        if not ks or ks[0] < 0 or ks[-1] > k_max:
+            raise ValueError(f"ks must be within 0..{k_max} (the model's num_spec_tokens), got {ks!r}")
+        if 0 not in ks:
+            ks = [0] + ks
+    elif isinstance(speculation, int) and not isinstance(speculation, bool) and 0 <= speculation <= k_max:
+        ks = [speculation]
+    else:
+        raise ValueError(f"speculation must be 'adaptive' or an int k in 0..{k_max} (the model's num_spec_tokens), "
+                         f"got {speculation!r}")
+    if not model.speculates:
+        ks = [0]
+    return ks
+
+
+def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: tuple[int, bool],
              outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
-             keys: tuple[int, int, int] = (0, 0, 0)) -> int:
-    """The k for the speculating requests (their acceptance rates `spec_rates`), the `num_off`
-    requests with speculation off running a k=0 cycle of their own beside them. k = 0 runs every
-    request in one plain cycle. outside: a step's seconds outside its cycles per running requests
-    (the engine's own work per request, and a server's delivery of each output), paid whatever k
-    runs, so it counts per step, as the cycle does. catch_up: seconds of the draft's catch-up a
-    k > 0 cycle must run first (requests that ran k = 0 cycles: eagle_fx.serving.draft_catch_up),
-    paid once for the `remaining` output tokens the running requests have left: a k > 0 rate r
-    becomes remaining / (catch_up + remaining / r). The current k is kept unless another is
-    HYSTERESIS faster. keys: the keys per layer that the speculating requests' cycle, the others'
-    cycle and one cycle of all of them read (StepCosts)."""
+             keys: tuple[int, int, int] = (0, 0, 0), off_rates: list[list[float]] | None = None,
+             ride_catch_up: float = 0.0) -> tuple[int, bool]:
+    """(k, ride): the k for the speculating requests (their acceptance rates `spec_rates`), and whether
+    the `num_off` requests with speculation off ride in their cycle (drafting too, at their own recent
+    acceptance `off_rates`; None: they cannot) rather than run a k=0 cycle of their own beside it (a
+    cycle's fixed cost paid for one or two requests: with many speculating, riding is cheaper). k = 0
+    runs every request in one plain cycle. outside: a step's seconds outside its cycles per running
+    requests (the engine's own work per request, and a server's delivery of each output), paid whatever
+    k runs, so it counts per step, as the cycle does. catch_up: seconds of the draft's catch-up a k > 0
+    cycle must run first (requests that ran k = 0 cycles: eagle_fx.serving.draft_catch_up;
+    ride_catch_up: the same when the off requests ride), paid once for the `remaining` output tokens
+    the running requests have left: a k > 0 rate r becomes remaining / (catch_up + remaining / r). The
+    current choice is kept unless another is HYSTERESIS faster. keys: the keys per layer that the
+    speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts)."""
     total = len(spec_rates) + num_off
     spec_keys, off_keys, all_keys = keys
     fixed = outside.cost(total) if outside else 0.0
 
-    def rate(k: int) -> float:
+    def rate(k: int, ride: bool) -> float:
         if k == 0 or not spec_rates:
             return total / (costs.cost(0, total, keys=all_keys) + fixed)
-        seconds = (costs.cost(k, len(spec_rates), keys=spec_keys) + fixed
-                   + (costs.cost(0, num_off, keys=off_keys) if num_off else 0.0))
-        tokens_per_second = (sum(expected_tokens(r, k) for r in spec_rates) + num_off) / seconds
-        return tokens_per_second / (1.0 + catch_up * tokens_per_second / max(remaining, 1.0))
+        if ride:
+            seconds = costs.cost(k, total, keys=all_keys) + fixed
+            tokens = sum(expected_tokens(r, k) for r in spec_rates + off_rates)
+        else:
+            seconds = (costs.cost(k, len(spec_rates), keys=spec_keys) + fixed
+                       + (costs.cost(0, num_off, keys=off_keys) if num_off else 0.0))
+            tokens = sum(expected_tokens(r, k) for r in spec_rates) + num_off
+        tokens_per_second = tokens / seconds
+        return tokens_per_second / (1.0 + (ride_catch_up if ride else catch_up) * tokens_per_second
+                                    / max(remaining, 1.0))
 
-    rates = {k: rate(k) for k in ks}
+    plans = [(k, False) for k in ks] + [(k, True) for k in ks if k > 0 and num_off and off_rates is not None]
+    rates = {plan: rate(*plan) for plan in plans}
     best = max(rates, key=rates.get)
     if current in rates and rates[best] < HYSTERESIS * rates[current]:
         return current

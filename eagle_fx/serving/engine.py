@@ -16,13 +16,13 @@ go back at once (its full blocks into the prefix cache when caching). Each reque
 for life: its row of the engine's device buffers (pending token, committed length, the draft's last
 outputs, block table) and of a KV-sharing draft's ring.
 
-Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among
-`ks` (default 0, 1 and the model's k) for the speculating requests from measured cycle costs and their recent
-acceptance; a request whose acceptance collapses (a rolling window below `collapse_threshold`)
-runs without speculation (a warning once, a metric), and is probed again `probe_after` tokens
-later. A request decoded at k = 0 leaves the draft behind: the base features of the tokens it
-commits are kept (a ring of `resume_window` per slot) and the draft catches up in one prefill-like
-call before the request speculates again; past the ring, that request stays at k = 0.
+Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among `ks`
+(default 0, 1 and the model's k) from measured cycle costs and the requests' recent acceptance; a
+request whose acceptance collapses (a rolling window below `collapse_threshold`) is not speculated
+for (a warning once, a metric; it rides in the others' cycle when that is cheaper than a cycle of
+its own) and is probed again `probe_after` tokens later. A request decoded at k = 0 leaves the draft
+behind: the base features of the tokens it commits are kept (a ring of `resume_window` per slot) and
+the draft catches up in one prefill-like call before it drafts again; past the ring it stays at k = 0.
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
@@ -41,7 +41,7 @@ from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k
+from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k, speculation_ks
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -70,27 +70,7 @@ class Engine:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
         if model.spec.vision_language:
             raise ValueError("the serving engine takes token prompts; a vision-language pair runs with generate()")
-        k_max = model.num_spec_tokens
-        if speculation == "adaptive":
-            if model.static_steps:
-                raise ValueError("adaptive speculation changes k per cycle; static steps fix it (backend='triton'): "
-                                 "pass speculation=k")
-            if model.options.prefill_shift:
-                raise ValueError("adaptive speculation needs the unshifted draft prefill (prefill_shift=False, the "
-                                 "default): the draft catches up after k = 0 cycles with it")
-            # default: 0, 1 and k (each k is a compiled cycle, two with inductor: minutes of compile on a CPU)
-            ks = sorted(set(ks if ks is not None else {0, min(1, k_max), k_max}))
-            if not ks or ks[0] < 0 or ks[-1] > k_max:
-                raise ValueError(f"ks must be ks within 0..{k_max} (the model's num_spec_tokens), got {ks!r}")
-            if 0 not in ks:
-                ks = [0] + ks
-        elif isinstance(speculation, int) and not isinstance(speculation, bool) and 0 <= speculation <= k_max:
-            ks = [speculation]
-        else:
-            raise ValueError(f"speculation must be 'adaptive' or an int k in 0..{k_max} (the model's num_spec_tokens), "
-                             f"got {speculation!r}")
-        if not model.speculates:
-            ks = [0]
+        k_max, ks = model.num_spec_tokens, speculation_ks(model, speculation, ks)
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
         self.adaptive = len(ks) > 1
         # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
@@ -125,7 +105,7 @@ class Engine:
         self.catch_ups = SizeCosts(extrapolate=False)  # seconds of a draft catch-up call, per tokens behind (powers of 2)
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
-        self.current_k = ks[-1]
+        self.current_k, self.current_ride = ks[-1], False  # the last cycle's k; whether requests at k = 0 rode in it
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events = dict.fromkeys(OFF_REASONS, 0)
         self.prompt_tokens = self.generation_tokens = 0
@@ -302,11 +282,11 @@ class Engine:
                 r.watch.clear()
         spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
         off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
-        k = self.pick_k(spec, off) if self.adaptive and spec else self.ks[0]
+        k, ride = self.pick_k(spec, off) if self.adaptive and spec else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["cost"] += 1
-        self.current_k = k
-        groups = [(k, spec), (0, off)] if k > 0 else [(0, spec + off)]
+        self.current_k, self.current_ride = k, ride
+        groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
             if group:
                 if k > 0:
@@ -315,20 +295,24 @@ class Engine:
                         self._catch_up(behind)
                 self._cycle(k, group, outputs)
 
-    def pick_k(self, spec: list[Request], off: list[Request]) -> int:
-        """The k of this step's cycle of the speculating requests `spec` (`off`: those at k = 0):
-        the fastest by measured costs and recent acceptance (eagle_fx.serving.adaptive)."""
+    def pick_k(self, spec: list[Request], off: list[Request]) -> tuple[int, bool]:
+        """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
+        at k = 0 (`off`) ride in it rather than run a cycle of their own: the fastest by measured costs
+        and recent acceptance (eagle_fx.serving.adaptive). Only requests the draft can catch up on ride."""
         behind = sum(r.committed - r.draft_upto for r in spec)
-        catch_up = self.catch_ups.cost(behind) if behind and self.catch_ups else 0.0
+        behind_all = behind + sum(r.committed - r.draft_upto for r in off)
+        catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
         stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
                  >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
         if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more)
-            return stale[0]
+            return stale[0], False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
+        off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
-        return choose_k(self.ks, self.costs, rates, len(off), self.current_k, self.outside, catch_up, remaining, keys)
+        return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
+                        catch_up, remaining, keys, off_rates, ride_catch_up)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -382,8 +366,12 @@ class Engine:
         self._last_run[(k, size)] = self._cycles_run
 
     def _record(self, r: Request, k: int, a: int) -> None:
+        """A cycle's drafts of r: counted, and r's acceptance updated. A request riding with speculation
+        off (pick_k) stays off until its probe, and its acceptance is not the prior of new requests."""
         self.stats.record([a], k)
         r.acceptance.record(k, a)
+        if not r.speculating:
+            return
         self.acceptance.record(k, a)
         if r.watch.record(a, k) and self.adaptive:
             r.speculating, r.off_reason, r.probe_at = False, "acceptance_collapse", len(r.output) + self.probe_after

@@ -119,6 +119,13 @@ def test_size_costs_kept_current_equal_their_definition(extrapolate):
                     costs_from_scratch(history, batch, scale, 4, extrapolate)), (trial, history, batch)
 
 
+def chosen_k(*args, **kwargs):
+    """choose_k's k where the requests with speculation off cannot ride (it never says they do)."""
+    k, ride = choose_k(*args, **kwargs)
+    assert not ride
+    return k
+
+
 def brute_force_k(ks, cost, rates, num_off, outside=lambda batch: 0.0):
     best, best_rate = None, -1.0
     fixed = outside(len(rates) + num_off)
@@ -143,10 +150,10 @@ def test_choose_k_maximises_tokens_per_second():
         costs.observe(k, b, cost(k, b))
     for batch, acceptance, off in itertools.product([1, 4, 16, 64], [0.2, 0.6, 0.9], [0, 3]):
         rates = [[acceptance] * 3] * batch
-        assert choose_k([0, 1, 2, 3], costs, rates, off, current=-1) == brute_force_k([0, 1, 2, 3], cost, rates, off)
+        assert chosen_k([0, 1, 2, 3], costs, rates, off, current=(-1, False)) == brute_force_k([0, 1, 2, 3], cost, rates, off)
     # what it implies: speculate when alone and well accepted, not when the batch is large
-    assert choose_k([0, 1, 2, 3], costs, [[0.9] * 3], 0, -1) == 3
-    assert choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1) == 0
+    assert chosen_k([0, 1, 2, 3], costs, [[0.9] * 3], 0, (-1, False)) == 3
+    assert chosen_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, (-1, False)) == 0
 
 
 def test_choose_k_counts_a_step_s_seconds_outside_its_cycles():
@@ -164,9 +171,9 @@ def test_choose_k_counts_a_step_s_seconds_outside_its_cycles():
     chosen = {}
     for batch, acceptance, off in itertools.product([1, 4, 16, 64], [0.2, 0.6, 0.9], [0, 3]):
         rates = [[acceptance] * 3] * batch
-        chosen[batch, acceptance, off] = choose_k([0, 1, 2, 3], costs, rates, off, -1, outside_costs)
+        chosen[batch, acceptance, off] = chosen_k([0, 1, 2, 3], costs, rates, off, (-1, False), outside_costs)
         assert chosen[batch, acceptance, off] == brute_force_k([0, 1, 2, 3], cost, rates, off, outside)
-    assert chosen[64, 0.6, 0] > choose_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, -1)  # k=0 without it
+    assert chosen[64, 0.6, 0] > chosen_k([0, 1, 2, 3], costs, [[0.6] * 3] * 64, 0, (-1, False))  # k=0 without it
 
 
 def test_choose_k_charges_the_drafts_catch_up_once_over_the_tokens_left():
@@ -194,12 +201,12 @@ def test_choose_k_charges_the_drafts_catch_up_once_over_the_tokens_left():
     for batch, acceptance, catch_up, remaining in itertools.product([1, 4, 16], [0.6, 0.9], [0.0, 0.5, 5.0, 50.0],
                                                                      [8, 64, 512]):
         rates = [[acceptance] * 3] * batch
-        assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, catch_up=catch_up, remaining=remaining) == \
+        assert chosen_k([0, 1, 2, 3], costs, rates, 0, (-1, False), catch_up=catch_up, remaining=remaining) == \
             brute(rates, catch_up, remaining)
     alone = [[0.9] * 3]
-    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1) == 3  # no catch-up: speculate
-    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1, catch_up=0.5, remaining=512) == 3  # repaid over many tokens
-    assert choose_k([0, 1, 2, 3], costs, alone, 0, -1, catch_up=5.0, remaining=8) == 0  # not over the last few
+    assert chosen_k([0, 1, 2, 3], costs, alone, 0, (-1, False)) == 3  # no catch-up: speculate
+    assert chosen_k([0, 1, 2, 3], costs, alone, 0, (-1, False), catch_up=0.5, remaining=512) == 3  # repaid over many tokens
+    assert chosen_k([0, 1, 2, 3], costs, alone, 0, (-1, False), catch_up=5.0, remaining=8) == 0  # not over the last few
 
 
 def test_choose_k_keeps_the_current_k_within_the_hysteresis():
@@ -207,8 +214,8 @@ def test_choose_k_keeps_the_current_k_within_the_hysteresis():
     costs.observe(0, 1, 1.0)
     costs.observe(3, 1, 2.0)
     rates = [[1.0, HYSTERESIS - 1, 0.0]]  # k=3: 2 + (H-1) tokens in 2 s, (1 + (H-1)/2)/s; k=0: 1/s
-    assert choose_k([0, 3], costs, rates, 0, current=0) == 0
-    assert choose_k([0, 3], costs, rates, 0, current=-1) == 3
+    assert chosen_k([0, 3], costs, rates, 0, current=(0, False)) == 0
+    assert chosen_k([0, 3], costs, rates, 0, current=(-1, False)) == 3
 
 
 
@@ -279,10 +286,59 @@ def test_choose_k_prices_the_keys_each_cycle_reads():
         def cost(k, b, context=context):
             return base(k, b) + slope(k, b) * b * context
 
-        assert choose_k([0, 1, 2, 3], costs, rates, off, -1, keys=keys) == brute_force_k([0, 1, 2, 3], cost, rates, off)
+        assert chosen_k([0, 1, 2, 3], costs, rates, off, (-1, False), keys=keys) == brute_force_k([0, 1, 2, 3], cost, rates, off)
     rates = [[0.6] * 3] * 64
-    assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, keys=(64 * 64, 0, 64 * 64)) == 0
-    assert choose_k([0, 1, 2, 3], costs, rates, 0, -1, keys=(64 * 2048, 0, 64 * 2048)) > 0
+    assert chosen_k([0, 1, 2, 3], costs, rates, 0, (-1, False), keys=(64 * 64, 0, 64 * 64)) == 0
+    assert chosen_k([0, 1, 2, 3], costs, rates, 0, (-1, False), keys=(64 * 2048, 0, 64 * 2048)) > 0
+
+def test_choose_k_lets_requests_with_speculation_off_ride_when_that_is_cheaper():
+    """Requests with speculation off either run a k = 0 cycle of their own beside the speculating ones'
+    cycle (paying a cycle's fixed cost for a few rows) or ride in it, drafting at their own low
+    acceptance: the choice is the brute force's over both plans (each of which wins somewhere), and
+    with many speculating and one off they ride."""
+    def cpu_like(k, batch):  # a row costs in proportion to its tokens
+        return 1.0 + 0.05 * batch * (k + 1) + 0.3 * k
+
+    def gpu_like(k, batch):  # verifying more tokens per row costs little
+        return 0.2 + 0.05 * batch * (1 + 0.2 * k) + 0.1 * k
+
+    shapes, costs = {"cpu": cpu_like, "gpu": gpu_like}, {}
+    for name, cost in shapes.items():
+        costs[name] = StepCosts()
+        for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
+            costs[name].observe(k, b, cost(k, b))
+
+    def brute(cost, rates, off_rates, catch_up, ride_catch_up, remaining):
+        best, best_rate = None, -1.0
+        total = len(rates) + len(off_rates)
+        for k, ride in [(k, False) for k in range(4)] + [(k, True) for k in range(1, 4)]:
+            if k == 0:
+                rate = total / cost(0, total)
+            else:
+                if ride:
+                    rate = sum(expected_tokens(r, k) for r in rates + off_rates) / cost(k, total)
+                else:
+                    rate = (sum(expected_tokens(r, k) for r in rates) + len(off_rates)) / (cost(k, len(rates))
+                                                                                          + cost(0, len(off_rates)))
+                rate = remaining / ((ride_catch_up if ride else catch_up) + remaining / rate)
+            if rate > best_rate:
+                best, best_rate = (k, ride), rate
+        return best
+
+    plans = set()
+    for name, batch, acceptance, num_off, off_acceptance, (catch_up, ride_catch_up) in itertools.product(
+            shapes, [1, 4, 16, 60], [0.6, 0.9], [1, 3], [0.0, 0.1, 0.5],
+            [(0.0, 0.0), (0.0, 2.0), (1.0, 3.0), (0.0, 50.0)]):
+        rates, off_rates = [[acceptance] * 3] * batch, [[off_acceptance] * 3] * num_off
+        plan = choose_k([0, 1, 2, 3], costs[name], rates, num_off, (-1, False), catch_up=catch_up, remaining=64,
+                        off_rates=off_rates, ride_catch_up=ride_catch_up)
+        assert plan == brute(shapes[name], rates, off_rates, catch_up, ride_catch_up, 64)
+        plans.add((plan[0] > 0, plan[1]))
+        assert not choose_k([0, 1, 2, 3], costs[name], rates, num_off, (-1, False), off_rates=None)[1]  # cannot ride
+    k, ride = choose_k([0, 1, 2, 3], costs["cpu"], [[0.9] * 3] * 60, 1, (-1, False), off_rates=[[0.1] * 3])
+    assert k > 0 and ride
+    assert plans == {(False, False), (True, False), (True, True)}
+
 
 def test_collapse_needs_a_full_window_below_the_threshold():
     watch = CollapseWatch(window=4, threshold=0.2)

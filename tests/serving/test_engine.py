@@ -53,13 +53,24 @@ def run(engine, schedule, until_done=True):
 
 
 class Scripted(Engine):
-    """k per step from a script (cycling): the catch-up path runs at known points."""
+    """k per step from a script (cycling; an entry k, or (k, ride): whether requests with speculation off
+    ride in the cycle): the catch-up path runs at known points. Logs each cycle's (k, slots)."""
 
     script = (0, 0, 3, 0, 2, 0, 0, 0, 1, 3)
 
     def pick_k(self, spec, off):
         self._calls = getattr(self, "_calls", -1) + 1
-        return self.script[self._calls % len(self.script)]
+        entry = self.script[self._calls % len(self.script)]
+        return entry if isinstance(entry, tuple) else (entry, False)
+
+    def _decode(self, outputs):
+        self.steps = getattr(self, "steps", 0) + 1
+        super()._decode(outputs)
+
+    def _cycle(self, k, group, outputs):
+        self.__dict__.setdefault("log", []).append((self.steps, k, [r.slot for r in group],
+                                                    [r.speculating for r in group]))
+        super()._cycle(k, group, outputs)
 
 
 @pytest.mark.parametrize("engine_kind", ["fixed3", "scripted", "adaptive"])
@@ -116,6 +127,44 @@ def test_collapsed_acceptance_turns_speculation_off_and_output_stays_exact(pair,
     assert metrics["spec_decode_num_drafts"] < 2 * 40  # cycles without drafts ran
     for rid, prompt in zip(ids, prompts[:2]):
         assert finished[rid].token_ids == hf_greedy(base, prompt, 40)
+
+
+class WrongDrafts:
+    """Test-only forced drafts: a wrong token at every draft position of the requests of one prompt
+    (its acceptance collapses), the draft's own (-1) for every other request."""
+
+    def __init__(self, prompt, reference, vocab_size):
+        self.prompt, self.full, self.vocab_size = list(prompt), list(prompt) + list(reference), vocab_size
+
+    def __call__(self, contexts, k):
+        return [[(self.full[min(len(ctx) + j, len(self.full) - 1)] + 1) % self.vocab_size
+                 if list(ctx[:len(self.prompt)]) == self.prompt else -1 for j in range(k)] for ctx in contexts]
+
+
+@pytest.mark.parametrize("script", [((3, False),), ((3, True),), ((3, False), (3, False), (3, True))],
+                         ids=["own-cycle", "rides", "both"])
+def test_a_collapsed_request_rides_in_the_batch_s_cycle_or_runs_its_own(pair, model, script):
+    """A request whose acceptance collapsed runs at k = 0 beside the others' k = 3 cycle, or rides in
+    it (drafting, not speculated for: it stays off until its probe and collapses once); switching
+    between the two catches its draft up. Every output == HF greedy."""
+    tok, base, _, prompts = pair
+    n = 40
+    reference = hf_greedy(base, prompts[1], n)
+    wrong = model.replace(forced_drafts=WrongDrafts(prompts[1], reference, base.config.vocab_size))
+    engine = Scripted(wrong, tok, ks=[0, 3], collapse_window=4, probe_after=1000, measure=False)
+    engine.script = script
+    params = SamplingParams(max_tokens=n, ignore_eos=True)
+    finished, ids = run(engine, {0: [(p, params) for p in prompts[:3]]})
+    for rid, prompt in zip(ids, prompts[:3]):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, n)
+    assert engine.metrics()["speculation_off_events_total"]["acceptance_collapse"] == 1
+    collapsed_slot = next(slots[off.index(False)] for _, _, slots, off in engine.log if False in off)
+    steps_of_two_cycles = {step for step, *_ in engine.log if [s for s, *_ in engine.log].count(step) == 2}
+    own = [k for step, k, slots, _ in engine.log if slots == [collapsed_slot] and step in steps_of_two_cycles]
+    rode = [k for _, k, slots, off in engine.log if collapsed_slot in slots and len(slots) > 1 and False in off]
+    assert all(k == 3 for k in rode)
+    assert bool(own) == (script != ((3, True),)) and bool(rode) == (script != ((3, False),))
+    assert engine.metrics()["kv_blocks_used"] == 0
 
 
 def test_abort_frees_blocks_and_slots_at_once(pair, model):
