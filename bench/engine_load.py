@@ -10,6 +10,9 @@ C requests in flight (a new one is added as one finishes) until max(--min-reques
 are done: held-out ShareGPT prompts, greedy, ignore_eos, output lengths uniform in
 --min-tokens..--max-tokens (seeded, the same requests for every setting). The settings run
 interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untimed warm-up of each.
+--draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
+as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
+show what speculating costs a request before it decodes.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
 the ratios, the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
@@ -18,6 +21,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
 
     python bench/engine_load.py                       # about 10 minutes on a 2-core CPU
     python bench/engine_load.py --concurrency 1,16 --repeats 3
+    python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
 """
 from __future__ import annotations
 
@@ -30,9 +34,6 @@ import time
 from collections import Counter
 
 from serve_common import held_out_prompts, hf_greedy, log
-
-SETTINGS = ("adaptive", "k=3", "k=0")
-
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring)",
@@ -49,6 +50,8 @@ def parse_args(argv=None):
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
+    ap.add_argument("--draft-cost", action="store_true", help='also run "k=0 spec": k=0 on the k=3 pair '
+                    "(it prefills the draft), against the draft-less k=0")
     ap.add_argument("--out", default="engine_load.json", help="JSON results")
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -135,6 +138,9 @@ def main(argv=None) -> int:
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
     engines = {"adaptive": Engine(model, tok, "adaptive"), "k=3": Engine(model, tok, 3), "k=0": Engine(plain, tok, 0)}
+    if args.draft_cost:
+        engines["k=0 spec"] = Engine(model, tok, 0)
+    settings = list(engines)
     timers = {name: Timed(engine) for name, engine in engines.items()}
     log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")
     for name, engine in engines.items():  # untimed: every compiled cycle's first calls, one and many sequences
@@ -144,9 +150,9 @@ def main(argv=None) -> int:
     for c in args.concurrency:
         n = max(args.min_requests, 4 * c)
         requests = requests_for(prompts, n, args, seed=args.seed + c)
-        runs = {name: [] for name in SETTINGS}
+        runs = {name: [] for name in settings}
         for rep in range(args.repeats):
-            for name in SETTINGS:
+            for name in settings:
                 r = closed_loop(engines[name], timers[name], requests, c)
                 r["exact"] = sum(1 for i, (p, length) in enumerate(requests)
                                  if r["outputs"].get(i) == refs[tuple(p)][:length])
@@ -155,7 +161,7 @@ def main(argv=None) -> int:
                 runs[name].append(r)
                 log(f"c={c} {name} #{rep + 1}: {r['tok_s']:.1f} tok/s (prefill {r['prefill_s']:.2f} s, cycles "
                     f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}), greedy-exact {r['exact']}/{n}")
-        med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in SETTINGS}
+        med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
         points.append({"concurrency": c, "requests": n, "median_tok_s": med, "runs": runs})
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "points": points}, f, indent=2)
@@ -169,6 +175,15 @@ def main(argv=None) -> int:
         print(f"{p['concurrency']:>4} {m['adaptive']:>9.1f} {m['k=3']:>8.1f} {m['k=0']:>8.1f} "
               f"{m['adaptive'] / m['k=0']:>7.2f} {m['adaptive'] / m['k=3']:>7.2f} {m['k=3'] / m['k=0']:>7.2f}  "
               f"{dict(sorted(ks.items()))}")
+    if args.draft_cost:
+        print(f"{'conc':>4} {'k=0 spec / k=0':>15}  prefill s (k=0 spec / k=0)  cycles s (k=0 spec / k=0)")
+        for p in points:
+            spec, plain_runs = p["runs"]["k=0 spec"], p["runs"]["k=0"]
+            seconds = {key: [statistics.median(r[key] for r in runs) for runs in (spec, plain_runs)]
+                       for key in ("prefill_s", "cycles_s")}
+            print(f"{p['concurrency']:>4} {p['median_tok_s']['k=0 spec'] / p['median_tok_s']['k=0']:>15.2f}  "
+                  f"{seconds['prefill_s'][0]:>10.3f} / {seconds['prefill_s'][1]:<10.3f}      "
+                  f"{seconds['cycles_s'][0]:>8.3f} / {seconds['cycles_s'][1]:.3f}")
     print(f"medians of {args.repeats} interleaved runs per setting ({args.backend}, lengths {args.min_tokens}.."
           f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
     return 0 if all_exact else 1

@@ -41,7 +41,8 @@ from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k, speculation_ks
+from eagle_fx.serving.adaptive import (MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k,
+                                       speculation_ks)
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -61,10 +62,12 @@ class Engine:
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs
-        a k not run at the current batch size for this many cycles once (a noisy cost does not keep it out)."""
+        a k not run at the current batch size for this many cycles (a noisy cost does not keep it out), for
+        MIN_SERVICE cycles (eagle_fx.serving.adaptive: what its cost there is then measured by)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission, self.explore_every, self._cycles_run = admission, explore_every, 0
+        self._exploring = (0, 0, 0)  # (k, batch size, cycles left) of an exploration under way
         self._last_run: dict[tuple[int, int], int] = {}
         if model.tree is not None:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
@@ -303,9 +306,16 @@ class Engine:
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
+        k, size, left = self._exploring
+        if left and size == len(spec):  # an exploration goes on while the batch keeps its size
+            self._exploring = (k, size, left - 1)
+            return k, False
         stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
                  >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
-        if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more)
+        if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more),
+            # MIN_SERVICE cycles: what replaces the probe's cost there (one cycle left it standing, scaled by the
+            # other ks' service / probe ratio, which a server's per-step work inflates more for a larger k)
+            self._exploring = (stale[0], len(spec), MIN_SERVICE - 1)
             return stale[0], False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]

@@ -10,6 +10,7 @@ import eagle_fx
 from eagle_fx.bundled import load_pair, pair_dirs
 from eagle_fx.drafts import new_draft
 from eagle_fx.serving import Engine, SamplingParams
+from eagle_fx.serving.adaptive import MIN_SERVICE
 
 TEXTS = ["Hello, how are you?", "Write a poem about the sea", "What is the capital of France? Explain in detail.",
          "hi", "Tell me about python programming language and why people like it so much",
@@ -52,16 +53,8 @@ def run(engine, schedule, until_done=True):
     return finished, ids
 
 
-class Scripted(Engine):
-    """k per step from a script (cycling; an entry k, or (k, ride): whether requests with speculation off
-    ride in the cycle): the catch-up path runs at known points. Logs each cycle's (k, slots)."""
-
-    script = (0, 0, 3, 0, 2, 0, 0, 0, 1, 3)
-
-    def pick_k(self, spec, off):
-        self._calls = getattr(self, "_calls", -1) + 1
-        entry = self.script[self._calls % len(self.script)]
-        return entry if isinstance(entry, tuple) else (entry, False)
+class Logged(Engine):
+    """Logs each cycle's (step, k, slots, whether each request speculates)."""
 
     def _decode(self, outputs):
         self.steps = getattr(self, "steps", 0) + 1
@@ -71,6 +64,18 @@ class Scripted(Engine):
         self.__dict__.setdefault("log", []).append((self.steps, k, [r.slot for r in group],
                                                     [r.speculating for r in group]))
         super()._cycle(k, group, outputs)
+
+
+class Scripted(Logged):
+    """k per step from a script (cycling; an entry k, or (k, ride): whether requests with speculation off
+    ride in the cycle): the catch-up path runs at known points."""
+
+    script = (0, 0, 3, 0, 2, 0, 0, 0, 1, 3)
+
+    def pick_k(self, spec, off):
+        self._calls = getattr(self, "_calls", -1) + 1
+        entry = self.script[self._calls % len(self.script)]
+        return entry if isinstance(entry, tuple) else (entry, False)
 
 
 @pytest.mark.parametrize("engine_kind", ["fixed3", "scripted", "adaptive"])
@@ -165,6 +170,25 @@ def test_a_collapsed_request_rides_in_the_batch_s_cycle_or_runs_its_own(pair, mo
     assert all(k == 3 for k in rode)
     assert bool(own) == (script != ((3, True),)) and bool(rode) == (script != ((3, False),))
     assert engine.metrics()["kv_blocks_used"] == 0
+
+
+def test_adaptive_explores_a_k_it_does_not_run_for_min_service_cycles(pair, model):
+    """A k not run at the batch size for explore_every cycles runs MIN_SERVICE cycles in a row (what
+    replaces the probe's cost there), then the cheaper k again. Costs are frozen so that k = 3 always
+    prices best: every k = 0 cycle at two running requests is an exploration's."""
+    tok, base, _, prompts = pair
+    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=12)
+    for k, seconds in ((0, 1.0), (3, 1.1)):
+        for size in (1, 2):
+            engine.costs.observe(k, size, seconds * size)
+    engine.costs.observe = lambda *args, **kwargs: None
+    params = SamplingParams(max_tokens=90, ignore_eos=True)
+    finished, ids = run(engine, {0: [(p, params) for p in prompts[:2]]})
+    for rid, prompt in zip(ids, prompts[:2]):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, 90)
+    at_two = "".join(str(k) for _, k, slots, _ in engine.log if len(slots) == 2)
+    explorations = [run_ for run_ in at_two.split("3") if run_]
+    assert explorations and all(run_ == "0" * MIN_SERVICE for run_ in explorations), at_two
 
 
 def test_abort_frees_blocks_and_slots_at_once(pair, model):
