@@ -302,14 +302,14 @@ class Engine:
         """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
         at k = 0 (`off`) ride in it rather than run a cycle of their own: the fastest by measured costs
         and recent acceptance (eagle_fx.serving.adaptive). Only requests the draft can catch up on ride."""
-        behind = sum(r.committed - r.draft_upto for r in spec)
-        behind_all = behind + sum(r.committed - r.draft_upto for r in off)
-        catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
-        keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
         k, size, left = self._exploring
         if left and size == len(spec):  # an exploration goes on while the batch keeps its size
             self._exploring = (k, size, left - 1)
             return k, False
+        behind = sum(r.committed - r.draft_upto for r in spec)
+        behind_all = behind + sum(r.committed - r.draft_upto for r in off)
+        catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
+        keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
         stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
                  >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
         if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more),
