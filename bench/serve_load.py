@@ -1,24 +1,29 @@
 """Load test of `eagle-fx serve`: speculation settings x concurrency x arrival pattern.
 
-For each setting (adaptive k in 0..3, fixed k=3, k=0) one `eagle-fx serve` subprocess is started
-(one at a time, each compiling its own pair; inductor by default) on a free loopback port. At each
+One `eagle-fx serve` subprocess per setting (adaptive k in 0..3, fixed k=3, k=0), each compiling
+its own pair (inductor by default) on a free loopback port. All of them are started first (one at a
+time) and stay up; then the settings take turns at every point (concurrency x arrival), in the order
+of --settings at even points and reversed at odd ones, so the machine's drift over the run (15-35%
+on the 2-core machine between runs minutes apart) lands on every setting alike instead of on
+whichever ran last. An idle server sleeps (its engine loop waits on a condition). At each
 concurrency C it sends max(--min-requests, 4*C) streamed, greedy (temperature 0), ignore_eos
-/v1/completions requests of --min-tokens to --max-tokens tokens (uniform, seeded: every setting gets the
-same requests), with held-out ShareGPT prompts sent as token ids
+/v1/completions requests of --min-tokens to --max-tokens tokens (uniform, seeded per point: every
+setting gets the same requests in the same order), with held-out ShareGPT prompts sent as token ids
 (and the server's own tokenisation of the prompt text checked once per server), in two arrival
 patterns:
 
   burst    all requests at t=0, at most C in flight (a semaphore of C);
   poisson  exponential inter-arrival gaps at rate lambda = C / W, W the mean request latency
-           (send to last token) measured by the burst run at the same C: by Little's law
-           (L = lambda W) that offers about C requests in flight; still capped at C by the
-           semaphore.
+           (send to last token) measured by the same setting's burst run at the same C: by
+           Little's law (L = lambda W) that offers about C requests in flight; still capped at C
+           by the semaphore.
 
 Reported per point: output tok/s (output tokens / wall of the batch, first send to last token),
 its ratio to k=0 at the same point, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
 the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), and
 greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
-prompt, computed before any server starts). The JSON (--out) has every point.
+prompt, computed before any server starts). The JSON (--out) has every point, with the order the
+settings ran in at it.
 
 The waves-vs-continuous comparison (offline, in-process) is bench/waves_vs_continuous.py.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -151,37 +157,59 @@ async def tokenisation_check(url: str, tok, prompts, refs, args, k: int = 4) -> 
     return {"text_prompts_matching": same, "checked": checked}
 
 
-def bench_setting(setting: str, tok, prompts, refs, args) -> dict:
-    rng = random.Random(args.seed)
+def start_setting(setting: str, stack: contextlib.ExitStack, tok, prompts, refs, args) -> dict:
+    """Start the setting's server (kept up by `stack`), check its tokenisation and warm it up."""
     sargs = server_args(args.backend, args.max_batch_size, args.max_seq_len, setting)
-    points = []
-    with Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout) as server:
-        check = asyncio.run(tokenisation_check(server.url, tok, prompts, refs, args))
-        log(f"{setting}: server tokenisation of text prompts matches the token ids: "
-            f"{check['text_prompts_matching']}/{check['checked']}")
-        for c in args.concurrency:
-            n = num_requests(args, c)
-            burst = None
-            for arrival in args.arrivals:
+    server = stack.enter_context(Server(sargs, name=f"serve[{setting}]", start_timeout=args.start_timeout))
+    check = asyncio.run(tokenisation_check(server.url, tok, prompts, refs, args))
+    log(f"{setting}: server tokenisation of text prompts matches the token ids: "
+        f"{check['text_prompts_matching']}/{check['checked']}")
+    return {"setting": setting, "server_args": sargs, "tokenisation": check, "points": [], "server": server}
+
+
+def run_interleaved(running: list[dict], prompts, refs, args) -> None:
+    """Every point (concurrency x arrival), each running setting in turn (order reversed at odd
+    points); a setting whose server dies is marked failed and left out of later points."""
+    index = 0
+    for c in args.concurrency:
+        n = num_requests(args, c)
+        for arrival in args.arrivals:
+            order = running if index % 2 == 0 else running[::-1]
+            for r in order:
+                if r.get("error"):
+                    continue
+                setting, server = r["setting"], r["server"]
                 rate = None
                 if arrival == "poisson":
-                    w = burst["mean_latency_s"] if burst else None
+                    burst = [p for p in r["points"] if p["concurrency"] == c and p["arrival"] == "burst"]
+                    w = burst[0]["mean_latency_s"] if burst else None
                     if w is None:  # no burst run to take W from: measure one, unrecorded
-                        w = asyncio.run(run_point(server.url, prompts, refs, c, n, "burst", None, args, rng))[
-                            "mean_latency_s"]
+                        w = asyncio.run(run_point(server.url, prompts, refs, c, n, "burst", None, args,
+                                                  point_rng(args, c, "burst")))["mean_latency_s"]
                     rate = c / w
-                point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args, rng))
-                point["setting"] = setting
-                if arrival == "burst":
-                    burst = point
-                points.append(point)
+                try:
+                    point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args,
+                                                  point_rng(args, c, arrival)))
+                except (OSError, httpx.HTTPError) as e:
+                    point = None
+                    r["error"] = f"{type(e).__name__}: {e}"
+                if not server.alive():
+                    r["error"] = f"the server died:\n{server.tail()}"
+                if r.get("error"):
+                    log(f"{setting}: FAILED at c={c} {arrival}: {r['error']}")
+                    continue
+                point["setting"], point["order"] = setting, [o["setting"] for o in order]
+                r["points"].append(point)
                 acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
                 log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
                     f"acceptance {acc}, greedy-exact {point['greedy_exact']}/{n}"
                     + (f", {point['num_errors']} errors: {point['errors'][0]}" if point["num_errors"] else ""))
-                if not server.alive():
-                    raise RuntimeError(f"{setting}: the server died:\n{server.tail()}")
-    return {"setting": setting, "server_args": sargs, "tokenisation": check, "points": points}
+            index += 1
+
+
+def point_rng(args, c: int, arrival: str) -> random.Random:
+    """The point's requests (prompts, lengths, Poisson gaps): the same for every setting."""
+    return random.Random(f"{args.seed}/{c}/{arrival}")
 
 
 def fmt(v, spec=".0f"):
@@ -215,15 +243,19 @@ def main(argv=None) -> int:
     results = []
     started = time.time()
     try:
-        for setting in args.settings:
-            try:
-                results.append(bench_setting(setting, tok, prompts, refs, args))
-            except (RuntimeError, OSError, httpx.HTTPError) as e:  # this setting failed: on to the next
-                log(f"{setting}: FAILED: {type(e).__name__}: {e}")
-                results.append({"setting": setting, "error": f"{type(e).__name__}: {e}", "points": []})
+        with contextlib.ExitStack() as stack:
+            for setting in args.settings:
+                try:
+                    results.append(start_setting(setting, stack, tok, prompts, refs, args))
+                except (RuntimeError, OSError, httpx.HTTPError) as e:  # this setting failed: on with the others
+                    log(f"{setting}: FAILED to start: {type(e).__name__}: {e}")
+                    results.append({"setting": setting, "error": f"{type(e).__name__}: {e}", "points": []})
+            run_interleaved(results, prompts, refs, args)
     except KeyboardInterrupt:
         log("interrupted: servers stopped; writing what was measured")
     finally:
+        for r in results:
+            r.pop("server", None)
         summary = {"args": {k: v for k, v in vars(args).items()}, "results": results,
                    "elapsed_s": time.time() - started}
         with open(args.out, "w") as f:
