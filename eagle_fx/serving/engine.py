@@ -61,13 +61,13 @@ class Engine:
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
-        baseline continuous batching is measured against). explore_every: adaptive speculation runs
-        a k not run at the current batch size for this many cycles (a noisy cost does not keep it out), for
-        MIN_SERVICE cycles (eagle_fx.serving.adaptive: what its cost there is then measured by)."""
+        baseline continuous batching is measured against). explore_every: adaptive speculation runs a k
+        not run in this many cycles at a batch size (counted at that size) for MIN_SERVICE cycles there, so a
+        noisy cost does not keep it out (eagle_fx.serving.adaptive: what its cost is then measured by)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
-        self.admission, self.explore_every, self._cycles_run = admission, explore_every, 0
-        self._exploring = (0, 0, 0)  # (k, batch size, cycles left) of an exploration under way
+        self.admission, self.explore_every, self._exploring = admission, explore_every, (0, 0, 0)  # (k, size, left)
+        self._decisions: dict[int, int] = {}  # pick_k's decisions per batch size; when each k last ran at one:
         self._last_run: dict[tuple[int, int], int] = {}
         if model.tree is not None:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
@@ -303,15 +303,17 @@ class Engine:
         at k = 0 (`off`) ride in it rather than run a cycle of their own: the fastest by measured costs
         and recent acceptance (eagle_fx.serving.adaptive). Only requests the draft can catch up on ride."""
         k, size, left = self._exploring
+        seen = self._decisions[len(spec)] = self._decisions.get(len(spec), 0) + 1
         if left and size == len(spec):  # an exploration goes on while the batch keeps its size
             self._exploring = (k, size, left - 1)
             return k, False
+        self._exploring = (0, 0, 0)  # (one cut short by a change of size is over)
         behind = sum(r.committed - r.draft_upto for r in spec)
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
-        stale = [k for k in self.ks if self._cycles_run - self._last_run.setdefault((k, len(spec)), self._cycles_run)
-                 >= self.explore_every and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
+        stale = [k for k in self.ks if seen - self._last_run.setdefault((k, len(spec)), seen) >= self.explore_every
+                 and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
         if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more),
             # MIN_SERVICE cycles: what replaces the probe's cost there (one cycle left it standing, scaled by the
             # other ks' service / probe ratio, which a server's per-step work inflates more for a larger k)
@@ -369,11 +371,11 @@ class Engine:
                 final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
                 self.running.remove(r)
                 self._finish(r, final=final)
-        seconds, self._cycles_run = time.perf_counter() - started, self._cycles_run + 1
+        seconds = time.perf_counter() - started
         if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
             self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
         self._cycle_seconds += seconds
-        self._last_run[(k, size)] = self._cycles_run
+        self._last_run[(k, size)] = self._decisions.get(size, 0)
 
     def _record(self, r: Request, k: int, a: int) -> None:
         """A cycle's drafts of r: counted, and r's acceptance updated. A request riding with speculation

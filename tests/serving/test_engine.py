@@ -191,6 +191,40 @@ def test_adaptive_explores_a_k_it_does_not_run_for_min_service_cycles(pair, mode
     assert explorations and all(run_ == "0" * MIN_SERVICE for run_ in explorations), at_two
 
 
+def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair, model):
+    """explore_every counts cycles at the batch size explored: a size the batch returns to now and
+    then is explored after explore_every cycles there, not at every return (counting every cycle did
+    that: at concurrency 16 the batch moves between a dozen sizes and a fifth of its cycles were
+    explorations). Oracle: at each size, every exploration (a run of k = 0 under frozen costs that
+    price k = 3 best) comes after at least explore_every - 1 cycles at k = 3 at that size since the
+    last k = 0 there (explore_every since the first cycle there)."""
+    tok, base, _, prompts = pair
+    every = 6
+    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=every)
+    for k, seconds in ((0, 1.0), (3, 1.1)):
+        for size in (1, 2):
+            engine.costs.observe(k, size, seconds * size)
+    engine.costs.observe = lambda *args, **kwargs: None
+    long, short = SamplingParams(max_tokens=160, ignore_eos=True), SamplingParams(max_tokens=10, ignore_eos=True)
+    schedule = {0: [(prompts[0], long)], **{step: [(prompts[1 + step // 12 % 3], short)] for step in range(12, 60, 12)}}
+    finished, ids = run(engine, schedule)
+    for rid, (prompt, params) in zip(ids, [item for step in sorted(schedule) for item in schedule[step]]):
+        assert finished[rid].token_ids == hf_greedy(base, prompt, params.max_tokens)
+    explored_after_a_return = False
+    for size in {len(slots) for _, _, slots, _ in engine.log}:
+        at_size = [(step, k) for step, k, slots, _ in engine.log if len(slots) == size]
+        since, stretches = every - 1, 0  # k = 3 cycles at this size since its last k = 0 (the first: one less)
+        for i, (step, k) in enumerate(at_size):
+            stretches += i == 0 or step != at_size[i - 1][0] + 1
+            if k == 0 and (i == 0 or at_size[i - 1][1] != 0):
+                assert since >= every - 1, (size, at_size)
+                explored_after_a_return |= stretches > 1
+            since = 0 if k == 0 else since + 1
+            if i == 0:
+                since = 0
+    assert explored_after_a_return  # the case the count is about happened
+
+
 def test_abort_frees_blocks_and_slots_at_once(pair, model):
     tok, base, _, prompts = pair
     engine = Engine(model, tok, speculation=3)
