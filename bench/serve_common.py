@@ -183,6 +183,23 @@ def metric(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
+def by_label(samples: dict[str, float], name: str, label: str) -> dict[str, float]:
+    """{label value: sample} of `name`'s samples that carry `label`."""
+    found = {}
+    for key, value in samples.items():
+        if key.split("{")[0] == name:
+            got = re.search(label + r'="([^"]*)"', key)
+            if got:
+                found[got.group(1)] = value
+    return found
+
+
+def cycles_by_k(before: dict, after: dict) -> dict[str, int]:
+    """Decode cycles the engine ran at each k between two snapshots (eagle_fx:decode_cycles_total)."""
+    start = by_label(before, "eagle_fx:decode_cycles_total", "k")
+    return {k: int(n - start.get(k, 0)) for k, n in sorted(by_label(after, "eagle_fx:decode_cycles_total", "k").items())}
+
+
 def acceptance(before: dict, after: dict) -> float | None:
     """Mean acceptance length between two snapshots: 1 + accepted / drafts (None: no drafts)."""
     drafts = metric(after, "eagle_fx:spec_decode_num_drafts_total") - metric(before, "eagle_fx:spec_decode_num_drafts_total")

@@ -20,7 +20,8 @@ patterns:
 
 Reported per point: output tok/s (output tokens / wall of the batch, first send to last token),
 its ratio to k=0 at the same point, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
-the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), and
+the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), the
+decode cycles run at each k (eagle_fx:decode_cycles_total: which k adaptive chose), and
 greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
 prompt, computed before any server starts). The JSON (--out) has every point, with the order the
 settings ran in at it.
@@ -39,8 +40,8 @@ import time
 
 import httpx
 
-from serve_common import (Server, acceptance, add_server_flags, get_metrics, held_out_prompts, hf_greedy,
-                          load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
+from serve_common import (Server, acceptance, add_server_flags, cycles_by_k, get_metrics, held_out_prompts,
+                          hf_greedy, load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
                           stream_completion, ttft_tpot)
 
 SETTINGS = ("adaptive", "k=3", "k=0")
@@ -130,7 +131,7 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
             "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
             "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
             "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
-            "acceptance": acceptance(before, after), "greedy_exact": exact, "errors": errors[:5],
+            "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after), "greedy_exact": exact, "errors": errors[:5],
             "num_errors": len(errors)}
 
 
@@ -202,7 +203,7 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                 r["points"].append(point)
                 acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
                 log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
-                    f"acceptance {acc}, greedy-exact {point['greedy_exact']}/{n}"
+                    f"acceptance {acc}, cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{n}"
                     + (f", {point['num_errors']} errors: {point['errors'][0]}" if point["num_errors"] else ""))
             index += 1
 

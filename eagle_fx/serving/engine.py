@@ -110,7 +110,7 @@ class Engine:
         self._cycle_seconds = 0.0
         self.current_k, self.current_ride = ks[-1], False  # the last cycle's k; whether requests at k = 0 rode in it
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
-        self.off_events = dict.fromkeys(OFF_REASONS, 0)
+        self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
         self._ids, self._warned_collapse = itertools.count(), False
         if self.adaptive and measure:
@@ -176,7 +176,6 @@ class Engine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
-        started = time.perf_counter()
         outputs = [r.progress([]) for r in self.aborted]
         for r in self.aborted:
             self._forget(r)
@@ -375,6 +374,7 @@ class Engine:
         if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
             self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
         self._cycle_seconds += seconds
+        self.cycles_by_k[k] += 1
         self._last_run[(k, size)] = self._decisions.get(size, 0)
 
     def _record(self, r: Request, k: int, a: int) -> None:

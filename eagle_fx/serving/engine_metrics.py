@@ -1,6 +1,6 @@
 """The serving engine's counters as one snapshot (what /metrics shows; eagle_fx.serving.prometheus
 names them): requests running and waiting, KV blocks, vLLM's spec-decode counters, tokens,
-finished requests per reason, speculation off per reason, structured output's requests and cycles."""
+finished requests per reason, speculation off per reason, decode cycles per k, structured output's requests and cycles."""
 from __future__ import annotations
 
 OFF_REASONS = ("cost", "acceptance_collapse")
@@ -25,5 +25,6 @@ def engine_metrics(engine) -> dict:
         request_success_total=dict(engine.finished_by_reason), speculation_off=off,
         speculation_off_events_total=dict(engine.off_events), num_preemptions_total=0,
         prefix_cache_hit_tokens_total=st.prefix_hit_tokens_base, num_spec_tokens_current=engine.current_k,
+        cycles_by_k={str(k): n for k, n in engine.cycles_by_k.items()},
         num_requests_structured=sum(r.grammar is not None for r in engine.running),
         grammar_cycles_total=st.grammar_cycles, grammar_mask_seconds_total=st.grammar_mask_s)

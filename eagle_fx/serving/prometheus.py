@@ -42,6 +42,8 @@ LABELLED = (
      "Running requests with speculation switched off, by reason."),
     ("eagle_fx:speculation_off_events_total", "counter", "speculation_off_events_total", "reason",
      "Times speculation was switched off for a request, by reason."),
+    ("eagle_fx:decode_cycles_total", "counter", "cycles_by_k", "k",
+     "Decode cycles run, by draft tokens per request k (0: plain decoding; adaptive speculation picks k per cycle)."),
 )
 
 

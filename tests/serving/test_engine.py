@@ -223,6 +223,7 @@ def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair
             if i == 0:
                 since = 0
     assert explored_after_a_return  # the case the count is about happened
+    assert engine.metrics()["cycles_by_k"] == {str(k): [k_ for _, k_, _, _ in engine.log].count(k) for k in (0, 3)}
 
 
 def test_abort_frees_blocks_and_slots_at_once(pair, model):

@@ -332,7 +332,8 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
                  "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total",
                  "num_requests_running", "num_requests_waiting", "kv_cache_blocks_used", "kv_cache_usage_perc",
                  "prompt_tokens_total", "generation_tokens_total", "request_success_total", "speculation_off",
-                 "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current"):
+                 "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current",
+                 "decode_cycles_total"):
         assert f"# TYPE eagle_fx:{name} " in text and f"# HELP eagle_fx:{name} " in text, name
     assert sample(after, "eagle_fx:spec_decode_num_drafts_total") > served.initial_metrics["spec_decode_num_drafts"]
     # vLLM's identities, whatever k each cycle ran at (a lone cycle may accept nothing, so no count is
@@ -345,6 +346,10 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
         after, "eagle_fx:spec_decode_num_draft_tokens_total")
     assert sample(after, "eagle_fx:generation_tokens_total") > sample(before, "eagle_fx:generation_tokens_total")
     assert sample(after, "eagle_fx:request_success_total", finished_reason="length") >= 1
+    # cycles by k: some ran at a k > 0 (drafts grew), and every draft came from one (a cycle drafts once per row)
+    cycles = {k: sample(after, "eagle_fx:decode_cycles_total", k=str(k)) for k in (0, 1, 3)}
+    drafts = sample(after, "eagle_fx:spec_decode_num_drafts_total")
+    assert 0 < cycles[1] + cycles[3] <= drafts <= 4 * (cycles[1] + cycles[3])  # (max_batch_size 4)
 
 
 def test_health(served):
