@@ -36,6 +36,17 @@ DECAY = 0.9  # per cycle, of the acceptance counts (about the last 10 cycles wei
 PRIOR_WEIGHT = 2.0  # how many cycles the engine-wide prior counts as, for one request
 HYSTERESIS = 1.03  # another k must be this much faster than the current one to switch
 MIN_SERVICE = 3  # cycles measured in service that replace the startup probe's cost at a (k, batch size)
+FIRST_EXPLORATION = 8  # a k never run in a size bucket is explored after explore_every / this decisions there
+
+
+def size_bucket(size: int) -> int:
+    """The batch sizes exploration counts together: each size up to 4, then four buckets per power
+    of two (16-19, 20-23, 24-27, 28-31, ...: sizes within 25% of each other, whose costs the
+    interpolation of measured sizes serves alike)."""
+    if size <= 4:
+        return size
+    bits = size.bit_length()
+    return (bits << 2) | ((size >> (bits - 3)) & 3)
 
 
 @dataclass

@@ -41,8 +41,8 @@ from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import (MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts, StepCosts, choose_k,
-                                       speculation_ks)
+from eagle_fx.serving.adaptive import (FIRST_EXPLORATION, MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts,
+                                       StepCosts, choose_k, size_bucket, speculation_ks)
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -61,13 +61,13 @@ class Engine:
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
-        baseline continuous batching is measured against). explore_every: adaptive speculation runs a k
-        not run in this many cycles at a batch size (counted at that size) for MIN_SERVICE cycles there, so a
-        noisy cost does not keep it out (eagle_fx.serving.adaptive: what its cost is then measured by)."""
+        baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
+        run in this many cycles at a size bucket (adaptive.size_bucket; a k never run there: / FIRST_EXPLORATION)
+        for MIN_SERVICE cycles there, so a noisy or stale cost does not keep it out (its service cost replaces it)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission, self.explore_every, self._exploring = admission, explore_every, (0, 0, 0)  # (k, size, left)
-        self._decisions: dict[int, int] = {}  # pick_k's decisions per batch size; when each k last ran at one:
+        self._decisions: dict[int, int] = {}  # pick_k's decisions per size bucket; when each k last ran in one:
         self._last_run: dict[tuple[int, int], int] = {}
         if model.tree is not None:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
@@ -301,22 +301,22 @@ class Engine:
         """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
         at k = 0 (`off`) ride in it rather than run a cycle of their own: the fastest by measured costs
         and recent acceptance (eagle_fx.serving.adaptive). Only requests the draft can catch up on ride."""
-        k, size, left = self._exploring
-        seen = self._decisions[len(spec)] = self._decisions.get(len(spec), 0) + 1
-        if left and size == len(spec):  # an exploration goes on while the batch keeps its size
-            self._exploring = (k, size, left - 1)
+        k, bucket, left = self._exploring
+        at = size_bucket(len(spec))
+        seen = self._decisions[at] = self._decisions.get(at, 0) + 1
+        if left and bucket == at:  # an exploration goes on while the batch keeps its size bucket
+            self._exploring = (k, bucket, left - 1)
             return k, False
-        self._exploring = (0, 0, 0)  # (one cut short by a change of size is over)
+        self._exploring = (0, 0, 0)  # (one cut short by a change of bucket is over)
         behind = sum(r.committed - r.draft_upto for r in spec)
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
-        stale = [k for k in self.ks if seen - self._last_run.setdefault((k, len(spec)), seen) >= self.explore_every
+        first = seen - self.explore_every + self.explore_every // FIRST_EXPLORATION  # (as if last run then)
+        stale = [k for k in self.ks if seen - self._last_run.setdefault((k, at), first) >= self.explore_every
                  and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
-        if stale:  # re-measure a k not run at this batch size for a while (a k > 0 unless its catch-up costs more),
-            # MIN_SERVICE cycles: what replaces the probe's cost there (one cycle left it standing, scaled by the
-            # other ks' service / probe ratio, which a server's per-step work inflates more for a larger k)
-            self._exploring = (stale[0], len(spec), MIN_SERVICE - 1)
+        if stale:  # re-measure a k not run in this size bucket for a while (a k > 0 unless its catch-up costs more)
+            self._exploring = (stale[0], at, MIN_SERVICE - 1)
             return stale[0], False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
@@ -375,7 +375,7 @@ class Engine:
             self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
         self._cycle_seconds += seconds
         self.cycles_by_k[k] += 1
-        self._last_run[(k, size)] = self._decisions.get(size, 0)
+        self._last_run[(k, size_bucket(size))] = self._decisions.get(size_bucket(size), 0)
 
     def _record(self, r: Request, k: int, a: int) -> None:
         """A cycle's drafts of r: counted, and r's acceptance updated. A request riding with speculation

@@ -7,7 +7,8 @@ import statistics
 import pytest
 
 from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, MIN_SERVICE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance,
-                                       CollapseWatch, SizeCosts, StepCosts, choose_k, expected_tokens)
+                                       CollapseWatch, SizeCosts, StepCosts, choose_k, expected_tokens,
+                                       size_bucket)
 
 
 def test_expected_tokens_is_the_mean_of_simulated_cycles():
@@ -338,6 +339,20 @@ def test_choose_k_lets_requests_with_speculation_off_ride_when_that_is_cheaper()
     k, ride = choose_k([0, 1, 2, 3], costs["cpu"], [[0.9] * 3] * 60, 1, (-1, False), off_rates=[[0.1] * 3])
     assert k > 0 and ride
     assert plans == {(False, False), (True, False), (True, True)}
+
+
+def test_size_buckets_are_runs_of_sizes_within_a_quarter_of_each_other():
+    """Exploration counts a size bucket's decisions together: each size up to 4 alone, then runs of
+    consecutive sizes whose largest is under 1.25x their smallest, every run with its own id."""
+    groups: dict[int, list[int]] = {}
+    for size in range(1, 513):
+        groups.setdefault(size_bucket(size), []).append(size)
+    runs = list(groups.values())
+    assert [r for r in runs if r[0] <= 4] == [[1], [2], [3], [4]]
+    for r in runs:
+        assert r == list(range(r[0], r[-1] + 1)) and r[-1] < 1.25 * r[0], r
+    for p in range(3, 9):  # four buckets per power of two
+        assert len({size_bucket(size) for size in range(2 ** p, 2 ** (p + 1))}) == 4
 
 
 def test_collapse_needs_a_full_window_below_the_threshold():

@@ -10,7 +10,7 @@ import eagle_fx
 from eagle_fx.bundled import load_pair, pair_dirs
 from eagle_fx.drafts import new_draft
 from eagle_fx.serving import Engine, SamplingParams
-from eagle_fx.serving.adaptive import MIN_SERVICE
+from eagle_fx.serving.adaptive import FIRST_EXPLORATION, MIN_SERVICE
 
 TEXTS = ["Hello, how are you?", "Write a poem about the sea", "What is the capital of France? Explain in detail.",
          "hi", "Tell me about python programming language and why people like it so much",
@@ -192,36 +192,37 @@ def test_adaptive_explores_a_k_it_does_not_run_for_min_service_cycles(pair, mode
 
 
 def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair, model):
-    """explore_every counts cycles at the batch size explored: a size the batch returns to now and
-    then is explored after explore_every cycles there, not at every return (counting every cycle did
-    that: at concurrency 16 the batch moves between a dozen sizes and a fifth of its cycles were
-    explorations). Oracle: at each size, every exploration (a run of k = 0 under frozen costs that
-    price k = 3 best) comes after at least explore_every - 1 cycles at k = 3 at that size since the
-    last k = 0 there (explore_every since the first cycle there)."""
+    """explore_every counts cycles at the batch size (its bucket: sizes 1 and 2 here are their own):
+    a size the batch returns to now and then is explored after explore_every cycles there, not at
+    every return (counting every cycle did that: at concurrency 16, where the batch moves between a
+    dozen sizes, a fifth of the cycles were explorations), and a k never run at a size after
+    explore_every / FIRST_EXPLORATION. Oracle: at each size, each exploration (a run of k = 0 under
+    frozen costs that price k = 3 best) follows exactly explore_every - 1 cycles at k = 3 there since
+    the last k = 0 there (the first: explore_every / FIRST_EXPLORATION since the first cycle there)."""
     tok, base, _, prompts = pair
-    every = 6
+    every = 16
     engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=every)
     for k, seconds in ((0, 1.0), (3, 1.1)):
         for size in (1, 2):
             engine.costs.observe(k, size, seconds * size)
     engine.costs.observe = lambda *args, **kwargs: None
-    long, short = SamplingParams(max_tokens=160, ignore_eos=True), SamplingParams(max_tokens=10, ignore_eos=True)
-    schedule = {0: [(prompts[0], long)], **{step: [(prompts[1 + step // 12 % 3], short)] for step in range(12, 60, 12)}}
+    long, short = SamplingParams(max_tokens=240, ignore_eos=True), SamplingParams(max_tokens=20, ignore_eos=True)
+    schedule = {0: [(prompts[0], long)], **{step: [(prompts[1 + step // 14 % 3], short)] for step in range(14, 90, 14)}}
     finished, ids = run(engine, schedule)
     for rid, (prompt, params) in zip(ids, [item for step in sorted(schedule) for item in schedule[step]]):
         assert finished[rid].token_ids == hf_greedy(base, prompt, params.max_tokens)
     explored_after_a_return = False
     for size in {len(slots) for _, _, slots, _ in engine.log}:
         at_size = [(step, k) for step, k, slots, _ in engine.log if len(slots) == size]
-        since, stretches = every - 1, 0  # k = 3 cycles at this size since its last k = 0 (the first: one less)
+        since, need, stretches = 0, every // FIRST_EXPLORATION, 0  # k = 3 cycles since the last k = 0 here
         for i, (step, k) in enumerate(at_size):
             stretches += i == 0 or step != at_size[i - 1][0] + 1
-            if k == 0 and (i == 0 or at_size[i - 1][1] != 0):
-                assert since >= every - 1, (size, at_size)
-                explored_after_a_return |= stretches > 1
+            if k == 0 and (i == 0 or at_size[i - 1][1] != 0):  # an exploration starts: exactly when due
+                assert since == need, (size, at_size)
+                explored_after_a_return |= stretches > 1 and need == every - 1
+                need = every - 1
             since = 0 if k == 0 else since + 1
-            if i == 0:
-                since = 0
+            assert since <= need, (size, at_size)  # (never later than due)
     assert explored_after_a_return  # the case the count is about happened
     assert engine.metrics()["cycles_by_k"] == {str(k): [k_ for _, k_, _, _ in engine.log].count(k) for k in (0, 3)}
 
