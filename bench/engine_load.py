@@ -1,8 +1,9 @@
 """The serving engine under load without the HTTP server: adaptive vs fixed k=3 vs k=0, in one process.
 
-bench/serve_load.py measures through `eagle-fx serve` (one server per setting, one after another);
-its points move between runs by more than the settings differ, mostly in the HTTP path (SSE events
-serialised through uvicorn and parsed by a client on the same cores). This bench measures what the
+bench/serve_load.py measures through `eagle-fx serve` (one server per setting, all kept up, the
+settings taking turns at each point); its points move between runs by more than the settings
+differ, mostly in the HTTP path (SSE events serialised through uvicorn and parsed by a client on
+the same cores). This bench measures what the
 engine itself decides and costs: one compiled pair at k=3 serves `Engine(model, "adaptive")` and
 `Engine(model, 3)`, a pair compiled with num_spec_tokens=0 (no draft, as `eagle-fx serve
 --speculation 0` compiles it) serves `Engine(plain, 0)`. At each concurrency C a closed loop keeps
