@@ -197,7 +197,8 @@ def by_label(samples: dict[str, float], name: str, label: str) -> dict[str, floa
 def cycles_by_k(before: dict, after: dict) -> dict[str, int]:
     """Decode cycles the engine ran at each k between two snapshots (eagle_fx:decode_cycles_total)."""
     start = by_label(before, "eagle_fx:decode_cycles_total", "k")
-    return {k: int(n - start.get(k, 0)) for k, n in sorted(by_label(after, "eagle_fx:decode_cycles_total", "k").items())}
+    end = by_label(after, "eagle_fx:decode_cycles_total", "k")
+    return {k: int(n - start.get(k, 0)) for k, n in sorted(end.items())}
 
 
 def acceptance(before: dict, after: dict) -> float | None:

@@ -131,8 +131,8 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
             "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
             "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
             "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
-            "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after), "greedy_exact": exact, "errors": errors[:5],
-            "num_errors": len(errors)}
+            "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after), "greedy_exact": exact,
+            "errors": errors[:5], "num_errors": len(errors)}
 
 
 async def tokenisation_check(url: str, tok, prompts, refs, args, k: int = 4) -> dict:

@@ -66,7 +66,7 @@ class Engine:
         for MIN_SERVICE cycles there, so a noisy or stale cost does not keep it out (its service cost replaces it)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
-        self.admission, self.explore_every, self._exploring = admission, explore_every, (0, 0, 0)  # (k, size, left)
+        self.admission, self.explore_every, self._exploring = admission, explore_every, (0, 0, 0)  # (k, bucket, left)
         self._decisions: dict[int, int] = {}  # pick_k's decisions per size bucket; when each k last ran in one:
         self._last_run: dict[tuple[int, int], int] = {}
         if model.tree is not None:

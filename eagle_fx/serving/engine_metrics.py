@@ -1,6 +1,7 @@
 """The serving engine's counters as one snapshot (what /metrics shows; eagle_fx.serving.prometheus
 names them): requests running and waiting, KV blocks, vLLM's spec-decode counters, tokens,
-finished requests per reason, speculation off per reason, decode cycles per k, structured output's requests and cycles."""
+finished requests per reason, speculation off per reason, decode cycles per k, structured output's
+requests and cycles."""
 from __future__ import annotations
 
 OFF_REASONS = ("cost", "acceptance_collapse")
