@@ -192,7 +192,6 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                     point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args,
                                                   point_rng(args, c, arrival)))
                 except (OSError, httpx.HTTPError) as e:
-                    point = None
                     r["error"] = f"{type(e).__name__}: {e}"
                 if not server.alive():
                     r["error"] = f"the server died:\n{server.tail()}"
