@@ -14,12 +14,18 @@ patterns:
 
   burst    all requests at t=0, at most C in flight (a semaphore of C);
   poisson  exponential inter-arrival gaps at rate lambda = C / W, W the mean request latency
-           (send to last token) measured by the same setting's burst run at the same C: by
-           Little's law (L = lambda W) that offers about C requests in flight; still capped at C
-           by the semaphore.
+           (send to last token) of the reference setting's burst run at the same C (k=0 when it
+           runs, else the first of --settings): by Little's law (L = lambda W) that offers the
+           reference about C requests in flight, still capped at C by the semaphore. Every setting
+           gets the same arrival times: a setting faster than the reference keeps up with them
+           at fewer requests in flight (its tok/s is about the reference's, its latency lower);
+           a slower one queues at the cap (its tok/s lower). So at a Poisson point compare
+           latency; tok/s says whether a setting kept up. (Until stop 40 each setting was offered
+           C / its own W, so a slow burst point lowered the same setting's Poisson point.)
 
 Reported per point: output tok/s (output tokens / wall of the batch, first send to last token),
-its ratio to k=0 at the same point, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
+its ratio to k=0 at the same point, the mean request latency (send to last token) and its ratio to
+k=0, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
 the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), the
 decode cycles run at each k (eagle_fx:decode_cycles_total: which k adaptive chose), and
 greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
@@ -168,26 +174,38 @@ def start_setting(setting: str, stack: contextlib.ExitStack, tok, prompts, refs,
     return {"setting": setting, "server_args": sargs, "tokenisation": check, "points": [], "server": server}
 
 
+def reference_setting(running: list[dict]) -> dict | None:
+    """Whose burst latency sets every setting's Poisson rate: k=0 when it runs, else the first."""
+    alive = [r for r in running if not r.get("error")]
+    return next((r for r in alive if r["setting"] == "k=0"), alive[0] if alive else None)
+
+
+def poisson_rate(running: list[dict], c: int, n: int, prompts, refs, args) -> float | None:
+    """C / W, W the reference setting's mean latency at the burst point of concurrency c (measured
+    now, unrecorded, when it did not run one)."""
+    ref = reference_setting(running)
+    if ref is None:
+        return None
+    burst = [p for p in ref["points"] if p["concurrency"] == c and p["arrival"] == "burst"]
+    w = burst[0]["mean_latency_s"] if burst else asyncio.run(run_point(
+        ref["server"].url, prompts, refs, c, n, "burst", None, args, point_rng(args, c, "burst")))["mean_latency_s"]
+    return c / w
+
+
 def run_interleaved(running: list[dict], prompts, refs, args) -> None:
     """Every point (concurrency x arrival), each running setting in turn (order reversed at odd
-    points); a setting whose server dies is marked failed and left out of later points."""
+    points); a setting whose server dies is marked failed and left out of later points. A Poisson
+    point offers every setting the same arrivals (poisson_rate)."""
     index = 0
     for c in args.concurrency:
         n = num_requests(args, c)
         for arrival in args.arrivals:
             order = running if index % 2 == 0 else running[::-1]
+            rate = poisson_rate(running, c, n, prompts, refs, args) if arrival == "poisson" else None
             for r in order:
                 if r.get("error"):
                     continue
                 setting, server = r["setting"], r["server"]
-                rate = None
-                if arrival == "poisson":
-                    burst = [p for p in r["points"] if p["concurrency"] == c and p["arrival"] == "burst"]
-                    w = burst[0]["mean_latency_s"] if burst else None
-                    if w is None:  # no burst run to take W from: measure one, unrecorded
-                        w = asyncio.run(run_point(server.url, prompts, refs, c, n, "burst", None, args,
-                                                  point_rng(args, c, "burst")))["mean_latency_s"]
-                    rate = c / w
                 try:
                     point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args,
                                                   point_rng(args, c, arrival)))
@@ -201,7 +219,8 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                 point["setting"], point["order"] = setting, [o["setting"] for o in order]
                 r["points"].append(point)
                 acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
-                log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
+                log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, mean latency {point['mean_latency_s']:.2f} s, "
+                    f"TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
                     f"acceptance {acc}, cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{n}"
                     + (f", {point['num_errors']} errors: {point['errors'][0]}" if point["num_errors"] else ""))
             index += 1
@@ -217,15 +236,17 @@ def fmt(v, spec=".0f"):
 
 
 def table(results) -> str:
-    base = {(p["concurrency"], p["arrival"]): p["tok_s"] for r in results if r["setting"] == "k=0" for p in r["points"]}
-    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'TTFT p50':>8} {'p99':>7} "
-            f"{'TPOT p50':>8} {'p99':>7} {'accept':>6} {'exact':>8}")
+    base = {(p["concurrency"], p["arrival"]): p for r in results if r["setting"] == "k=0" for p in r["points"]}
+    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'latency':>7} {'vs k=0':>6} "
+            f"{'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} {'p99':>7} {'accept':>6} {'exact':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         for p in r["points"]:
             ref = base.get((p["concurrency"], p["arrival"]))
             lines.append(f"{r['setting']:<9} {p['concurrency']:>4} {p['arrival']:<8} {p['tok_s']:>8.1f} "
-                         f"{fmt(ref and p['tok_s'] / ref, '.2f'):>6} {fmt(p['ttft_p50_ms']):>8} {fmt(p['ttft_p99_ms']):>7} "
+                         f"{fmt(ref and p['tok_s'] / ref['tok_s'], '.2f'):>6} {p['mean_latency_s']:>7.2f} "
+                         f"{fmt(ref and p['mean_latency_s'] / ref['mean_latency_s'], '.2f'):>6} "
+                         f"{fmt(p['ttft_p50_ms']):>8} {fmt(p['ttft_p99_ms']):>7} "
                          f"{fmt(p['tpot_p50_ms'], '.1f'):>8} {fmt(p['tpot_p99_ms'], '.1f'):>7} "
                          f"{fmt(p['acceptance'], '.2f'):>6} {p['greedy_exact']:>4}/{p['requests']:<3}")
     return "\n".join(lines)
