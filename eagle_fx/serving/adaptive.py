@@ -37,6 +37,7 @@ PRIOR_WEIGHT = 2.0  # how many cycles the engine-wide prior counts as, for one r
 HYSTERESIS = 1.03  # another k must be this much faster than the current one to switch
 MIN_SERVICE = 3  # cycles measured in service that replace the startup probe's cost at a (k, batch size)
 FIRST_EXPLORATION = 8  # a k never run in a size bucket is explored after explore_every / this decisions there
+EXPLORATION_CYCLES = MIN_SERVICE + 1  # an exploration's cycles: the first after the switch settles (not measured)
 
 
 def size_bucket(size: int) -> int:
@@ -208,6 +209,51 @@ class StepCosts:
                 return default
             raise KeyError(f"no cost measured for k={k}")
         return max(self._by_k[k].cost(batch, self.scale) + self.slope(k, batch) * keys, 0.0)
+
+
+class Exploration:
+    """Which k re-measures when: a k not run at the batch's size bucket (size_bucket) for `every`
+    decisions there (a k never run there: for every / FIRST_EXPLORATION) runs EXPLORATION_CYCLES
+    cycles in a row while the batch keeps its bucket, so that a noisy or stale cost does not keep it
+    out for good: the engine measures a cycle only when its k also ran in the step before (the first
+    cycle after a switch costs 20-30% more on a CPU, its weights and code out of cache), so an
+    exploration of MIN_SERVICE cycles measured it once and priced the k by its switch, whichever k
+    ran before it kept winning. Decisions are counted per bucket."""
+
+    def __init__(self, ks: list[int], every: int):
+        self.ks, self.every = ks, every
+        self._decisions: dict[int, int] = {}  # per bucket
+        self._last_run: dict[tuple[int, int], int] = {}  # (k, bucket): the bucket's decisions when k last ran there
+        self._current: tuple[int, int, int] | None = None  # (k, bucket, cycles left) of one under way
+
+    def continuing(self, size: int) -> int | None:
+        """Count a decision at `size`; the k of the exploration under way, if it is at this bucket (one
+        cut short by a change of bucket is over)."""
+        at = size_bucket(size)
+        self._decisions[at] = self._decisions.get(at, 0) + 1
+        current, self._current = self._current, None
+        if current is None or current[1] != at:
+            return None
+        k, bucket, left = current
+        self._current = (k, bucket, left - 1) if left > 1 else None
+        return k
+
+    def due(self, size: int, eligible) -> int | None:
+        """After continuing(size): the first k not run at the bucket for `every` decisions for which
+        eligible(k), its exploration started; None if none."""
+        at = size_bucket(size)
+        seen = self._decisions[at]
+        first = seen - self.every + self.every // FIRST_EXPLORATION  # a k never run here: as if it last ran then
+        last = {k: self._last_run.setdefault((k, at), first) for k in self.ks}
+        for k in self.ks:
+            if seen - last[k] >= self.every and eligible(k):
+                self._current = (k, at, EXPLORATION_CYCLES - 1)
+                return k
+        return None
+
+    def ran(self, k: int, size: int) -> None:
+        at = size_bucket(size)
+        self._last_run[(k, at)] = self._decisions.get(at, 0)
 
 
 def speculation_ks(model, speculation: str | int, ks: list[int] | None) -> list[int]:

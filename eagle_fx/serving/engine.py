@@ -41,8 +41,8 @@ from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
 from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import (FIRST_EXPLORATION, MIN_SERVICE, Acceptance, CollapseWatch, SizeCosts,
-                                       StepCosts, choose_k, size_bucket, speculation_ks)
+from eagle_fx.serving.adaptive import (Acceptance, CollapseWatch, Exploration, SizeCosts, StepCosts, choose_k,
+                                       speculation_ks)
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -62,20 +62,19 @@ class Engine:
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
-        run in this many cycles at a size bucket (adaptive.size_bucket; a k never run there: / FIRST_EXPLORATION)
-        for MIN_SERVICE cycles there, so a noisy or stale cost does not keep it out (its service cost replaces it)."""
+        run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
+        or stale cost does not keep it out (its service cost replaces it)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
-        self.admission, self.explore_every, self._exploring = admission, explore_every, (0, 0, 0)  # (k, bucket, left)
-        self._decisions: dict[int, int] = {}  # pick_k's decisions per size bucket; when each k last ran in one:
-        self._last_run: dict[tuple[int, int], int] = {}
+        self.admission = admission
         if model.tree is not None:
             raise ValueError("the serving engine runs chains; this model has a draft tree (compile without draft_tree=)")
         if model.spec.vision_language:
             raise ValueError("the serving engine takes token prompts; a vision-language pair runs with generate()")
         k_max, ks = model.num_spec_tokens, speculation_ks(model, speculation, ks)
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
-        self.adaptive = len(ks) > 1
+        self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every)
+        self._ks_before, self._ks_now = set(), set()  # the ks of the last step's cycles, and of this one's
         # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
         self.cycles = {k: model.chain_cycle if k == k_max else model.chain_cycle_for(k) for k in ks}
         self.kv, self.executor, self.device = model.kv_cache, model.executor, model.device
@@ -186,6 +185,7 @@ class Engine:
             self._prefill_chunk(outputs)
         prefill_seconds = time.perf_counter() - prefill_seconds
         size, self._cycle_seconds = len(self.running), 0.0  # (_cycle_seconds: cycles and catch-ups)
+        self._ks_before, self._ks_now = self._ks_now, set()
         if self.running:
             self._decode(outputs)
         ended = time.perf_counter()
@@ -301,23 +301,17 @@ class Engine:
         """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
         at k = 0 (`off`) ride in it rather than run a cycle of their own: the fastest by measured costs
         and recent acceptance (eagle_fx.serving.adaptive). Only requests the draft can catch up on ride."""
-        k, bucket, left = self._exploring
-        at = size_bucket(len(spec))
-        seen = self._decisions[at] = self._decisions.get(at, 0) + 1
-        if left and bucket == at:  # an exploration goes on while the batch keeps its size bucket
-            self._exploring = (k, bucket, left - 1)
-            return k, False
-        self._exploring = (0, 0, 0)  # (one cut short by a change of bucket is over)
+        exploring = self.exploration.continuing(len(spec))
+        if exploring is not None:
+            return exploring, False
         behind = sum(r.committed - r.draft_upto for r in spec)
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
-        first = seen - self.explore_every + self.explore_every // FIRST_EXPLORATION  # (as if last run then)
-        stale = [k for k in self.ks if seen - self._last_run.setdefault((k, at), first) >= self.explore_every
-                 and (k == 0 or catch_up <= self.costs.cost(k, len(spec), float('inf'), keys[0]))]
-        if stale:  # re-measure a k not run in this size bucket for a while (a k > 0 unless its catch-up costs more)
-            self._exploring = (stale[0], at, MIN_SERVICE - 1)
-            return stale[0], False
+        stale = self.exploration.due(len(spec), lambda k: k == 0 or catch_up <= self.costs.cost(
+            k, len(spec), float('inf'), keys[0]))  # (a k > 0 unless its catch-up costs more than its cycle)
+        if stale is not None:
+            return stale, False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
@@ -371,11 +365,12 @@ class Engine:
                 self.running.remove(r)
                 self._finish(r, final=final)
         seconds = time.perf_counter() - started
-        if masks is None:  # (a grammar's cycle adds its matchers' host time: not what choose_k's costs are of)
+        if masks is None and k in self._ks_before:  # (not a grammar's cycle, nor the first after a switch)
             self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
         self._cycle_seconds += seconds
         self.cycles_by_k[k] += 1
-        self._last_run[(k, size_bucket(size))] = self._decisions.get(size_bucket(size), 0)
+        self._ks_now.add(k)
+        self.exploration.ran(k, size)
 
     def _record(self, r: Request, k: int, a: int) -> None:
         """A cycle's drafts of r: counted, and r's acceptance updated. A request riding with speculation
