@@ -17,7 +17,8 @@ show what speculating costs a request before it decodes.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
 the ratios, the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
-and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
+the speculation-off events by reason (adaptive: "cost", a step that chose k = 0 after one at k > 0, explorations of k = 0 included;
+"acceptance_collapse", a request's acceptance fell below the threshold), and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
 caching is off (a repeat would otherwise reuse the blocks of the one before).
 
     python bench/engine_load.py                       # about 10 minutes on a 2-core CPU
@@ -106,6 +107,7 @@ def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
             ids[engine.add_request(prompt, SamplingParams(max_tokens=length, ignore_eos=True))] = i
 
     timed.clear()
+    off_before = dict(engine.off_events)
     started = time.perf_counter()
     for _ in range(c):
         add()
@@ -118,7 +120,9 @@ def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
     tokens = sum(len(o) for o in outputs.values())
     return {"tok_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "outputs": outputs,
             "prefill_s": timed.seconds["_prefill_chunk"], "cycles_s": timed.seconds["_cycle"],
-            "cycles_by_k": dict(sorted(timed.cycles_by_k.items()))}
+            "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
+            "off_events": {reason: n - off_before[reason] for reason, n in engine.off_events.items()
+                           if n > off_before[reason]}}
 
 
 def main(argv=None) -> int:
@@ -161,21 +165,24 @@ def main(argv=None) -> int:
                 del r["outputs"]
                 runs[name].append(r)
                 log(f"c={c} {name} #{rep + 1}: {r['tok_s']:.1f} tok/s (prefill {r['prefill_s']:.2f} s, cycles "
-                    f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}), greedy-exact {r['exact']}/{n}")
+                    f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}, speculation-off events {r['off_events']}), "
+                    f"greedy-exact {r['exact']}/{n}")
         med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
         points.append({"concurrency": c, "requests": n, "median_tok_s": med, "runs": runs})
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "points": points}, f, indent=2)
     log(f"wrote {args.out}")
-    print(f"{'conc':>4} {'adaptive':>9} {'k=3':>8} {'k=0':>8} {'ad/k=0':>7} {'ad/k=3':>7} {'k=3/k=0':>7}  adaptive's cycles by k")
+    print(f"{'conc':>4} {'adaptive':>9} {'k=3':>8} {'k=0':>8} {'ad/k=0':>7} {'ad/k=3':>7} {'k=3/k=0':>7}  "
+          "adaptive's cycles by k; its speculation-off events")
     for p in points:
         m = p["median_tok_s"]
-        ks = Counter()
+        ks, off = Counter(), Counter()
         for r in p["runs"]["adaptive"]:
             ks.update(r["cycles_by_k"])
+            off.update(r["off_events"])
         print(f"{p['concurrency']:>4} {m['adaptive']:>9.1f} {m['k=3']:>8.1f} {m['k=0']:>8.1f} "
               f"{m['adaptive'] / m['k=0']:>7.2f} {m['adaptive'] / m['k=3']:>7.2f} {m['k=3'] / m['k=0']:>7.2f}  "
-              f"{dict(sorted(ks.items()))}")
+              f"{dict(sorted(ks.items()))}; {dict(off)}")
     if args.draft_cost:
         print(f"{'conc':>4} {'k=0 spec / k=0':>15}  prefill s (k=0 spec / k=0)  cycles s (k=0 spec / k=0)")
         for p in points:
