@@ -183,15 +183,25 @@ def metric(samples: dict[str, float], name: str) -> float:
     return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
-def by_label(samples: dict[str, float], name: str, label: str) -> dict[str, float]:
-    """{label value: sample} of `name`'s samples that carry `label`."""
+def by_label(samples: dict[str, float], name: str, label: str, *more: str) -> dict:
+    """{label value: sample} of `name`'s samples that carry `label` ({(value, value, ...): sample}
+    with `more` labels)."""
     found = {}
     for key, value in samples.items():
         if key.split("{")[0] == name:
-            got = re.search(label + r'="([^"]*)"', key)
-            if got:
-                found[got.group(1)] = value
+            got = [re.search(name_ + r'="([^"]*)"', key) for name_ in (label, *more)]
+            if all(got):
+                found[tuple(g.group(1) for g in got) if more else got[0].group(1)] = value
     return found
+
+
+def cycle_costs_ms(samples: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{k: {batch size: ms}}: the cycle costs (at no keys) a server's adaptive speculation prices
+    each k by (eagle_fx:cycle_cost_seconds)."""
+    costs: dict[str, dict[str, float]] = {}
+    for (k, batch), seconds in by_label(samples, "eagle_fx:cycle_cost_seconds", "k", "batch_size").items():
+        costs.setdefault(k, {})[batch] = round(1000 * seconds, 3)
+    return {k: dict(sorted(by.items(), key=lambda kv: int(kv[0]))) for k, by in sorted(costs.items())}
 
 
 def cycles_by_k(before: dict, after: dict) -> dict[str, int]:

@@ -23,14 +23,19 @@ patterns:
            latency; tok/s says whether a setting kept up. (Until stop 40 each setting was offered
            C / its own W, so a slow burst point lowered the same setting's Poisson point.)
 
-Reported per point: output tok/s (output tokens / wall of the batch, first send to last token),
-its ratio to k=0 at the same point, the mean request latency (send to last token) and its ratio to
-k=0, TTFT p50/p99, TPOT ((last - first token time) / (n - 1)) p50/p99,
+Each point runs --repeats times per setting, the settings taking turns in each repeat (the order
+reversed at every other turn). Reported per point: output tok/s (output tokens / wall of the
+batch, first send to last token; the median over the repeats) and its ratio to k=0 at the same
+point, the mean request latency (send to last token; the median over the repeats) and its ratio to
+k=0, TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p50/p99 over every request of the
+repeats,
 the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), the
-decode cycles run at each k (eagle_fx:decode_cycles_total: which k adaptive chose), and
+decode cycles run at each k (eagle_fx:decode_cycles_total: which k adaptive chose), the cycle
+costs per (k, batch size) the server's engine held after the point (eagle_fx:cycle_cost_seconds:
+what adaptive priced each k by; in the JSON), and
 greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
-prompt, computed before any server starts). The JSON (--out) has every point, with the order the
-settings ran in at it.
+prompt, computed before any server starts). The JSON (--out) has every point, with each repeat's
+tok/s and mean latency and the order the settings ran in at each repeat.
 
 The waves-vs-continuous comparison (offline, in-process) is bench/waves_vs_continuous.py.
 """
@@ -41,12 +46,14 @@ import asyncio
 import contextlib
 import json
 import random
+import statistics
 import sys
 import time
 
 import httpx
 
-from serve_common import (Server, acceptance, add_server_flags, cycles_by_k, get_metrics, held_out_prompts,
+from serve_common import (Server, acceptance, add_server_flags, cycle_costs_ms, cycles_by_k, get_metrics,
+                          held_out_prompts,
                           hf_greedy, load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
                           stream_completion, ttft_tpot)
 
@@ -72,12 +79,15 @@ def parse_args(argv=None):
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--warmup", type=int, default=8, help="warm-up requests per server (not measured)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the Poisson gaps and the prompt order")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each point per setting, the settings taking turns (medians reported): one run's "
+                         "ratios move by 10-50%% between runs on the 2-core machine")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: eager backend, concurrency 1 and 4, 8 requests per point, 32 prompts")
+                    help="smoke run: eager backend, concurrency 1 and 4, 8 requests per point, 2 repeats, 32 prompts")
     args = ap.parse_args(argv)
     if args.quick:
         args.backend, args.concurrency, args.min_requests, args.num_prompts = "eager", "1,4", 8, 32
-        args.max_requests = 8
+        args.max_requests, args.repeats = 8, 2
     else:
         args.max_requests = None
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -86,6 +96,8 @@ def parse_args(argv=None):
     for s in args.settings:
         if s != "adaptive" and not (s.startswith("k=") and s[2:].isdigit()):
             ap.error(f"--settings: {s!r} is not adaptive or k=N")
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
     if not 1 <= args.min_tokens <= args.max_tokens:
         ap.error("--min-tokens must be >= 1 and <= --max-tokens")
     if set(args.arrivals) - {"burst", "poisson"}:
@@ -132,6 +144,7 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
     pairs = [ttft_tpot(r) for r in results]
     ms = lambda v: None if v is None else 1000 * v  # noqa: E731
     return {"concurrency": c, "arrival": arrival, "requests": n, "poisson_rate": rate, "output_tokens": tokens,
+            "metrics_before": before, "metrics_after": after, "ttft_tpot": pairs,
             "wall_s": wall, "tok_s": tokens / wall, "mean_latency_s": sum(r["end"] - r["sent"] for r in results) / n,
             "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
             "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
@@ -193,37 +206,74 @@ def poisson_rate(running: list[dict], c: int, n: int, prompts, refs, args) -> fl
 
 
 def run_interleaved(running: list[dict], prompts, refs, args) -> None:
-    """Every point (concurrency x arrival), each running setting in turn (order reversed at odd
-    points); a setting whose server dies is marked failed and left out of later points. A Poisson
-    point offers every setting the same arrivals (poisson_rate)."""
-    index = 0
+    """Every point (concurrency x arrival), --repeats turns of every running setting (the order
+    reversed at every other turn); a setting whose server dies is marked failed and left out of later
+    points. A Poisson point offers every setting the same arrivals (poisson_rate)."""
+    turn = 0
     for c in args.concurrency:
         n = num_requests(args, c)
         for arrival in args.arrivals:
-            order = running if index % 2 == 0 else running[::-1]
             rate = poisson_rate(running, c, n, prompts, refs, args) if arrival == "poisson" else None
-            for r in order:
-                if r.get("error"):
-                    continue
-                setting, server = r["setting"], r["server"]
-                try:
-                    point = asyncio.run(run_point(server.url, prompts, refs, c, n, arrival, rate, args,
-                                                  point_rng(args, c, arrival)))
-                except (OSError, httpx.HTTPError) as e:
-                    r["error"] = f"{type(e).__name__}: {e}"
-                if not server.alive():
-                    r["error"] = f"the server died:\n{server.tail()}"
-                if r.get("error"):
-                    log(f"{setting}: FAILED at c={c} {arrival}: {r['error']}")
-                    continue
-                point["setting"], point["order"] = setting, [o["setting"] for o in order]
-                r["points"].append(point)
-                acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
-                log(f"{setting} c={c} {arrival}: {point['tok_s']:.1f} tok/s, mean latency {point['mean_latency_s']:.2f} s, "
-                    f"TTFT p50 {point['ttft_p50_ms']:.0f} ms, "
-                    f"acceptance {acc}, cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{n}"
-                    + (f", {point['num_errors']} errors: {point['errors'][0]}" if point["num_errors"] else ""))
-            index += 1
+            runs: dict[str, list[dict]] = {r["setting"]: [] for r in running}
+            orders = []
+            for _ in range(args.repeats):
+                order = running if turn % 2 == 0 else running[::-1]
+                orders.append([o["setting"] for o in order])
+                turn += 1
+                for r in order:
+                    if not r.get("error"):
+                        run_setting(r, c, n, arrival, rate, prompts, refs, args, runs)
+            for r in running:
+                if runs[r["setting"]] and not r.get("error"):
+                    point = merged(runs[r["setting"]])
+                    point["setting"], point["orders"] = r["setting"], orders
+                    r["points"].append(point)
+                    acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
+                    log(f"{r['setting']} c={c} {arrival}: {point['tok_s']:.1f} tok/s (runs "
+                        f"{', '.join(f'{t:.0f}' for t in point['tok_s_runs'])}), mean latency "
+                        f"{point['mean_latency_s']:.2f} s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, acceptance {acc}, "
+                        f"cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{point['requests']}")
+
+
+def run_setting(r: dict, c: int, n: int, arrival: str, rate, prompts, refs, args, runs: dict) -> None:
+    """One run of the point on setting r's server into runs[setting]; its failure marks r failed."""
+    try:
+        runs[r["setting"]].append(asyncio.run(run_point(r["server"].url, prompts, refs, c, n, arrival, rate, args,
+                                                        point_rng(args, c, arrival))))
+    except (OSError, httpx.HTTPError) as e:
+        r["error"] = f"{type(e).__name__}: {e}"
+    if not r["server"].alive():
+        r["error"] = f"the server died:\n{r['server'].tail()}"
+    if r.get("error"):
+        log(f"{r['setting']}: FAILED at c={c} {arrival}: {r['error']}")
+    elif runs[r["setting"]][-1]["num_errors"]:
+        log(f"{r['setting']} c={c} {arrival}: {runs[r['setting']][-1]['num_errors']} errors: "
+            f"{runs[r['setting']][-1]['errors'][0]}")
+
+
+def merged(runs: list[dict]) -> dict:
+    """One point from its repeats: the median tok/s and mean latency, TTFT/TPOT percentiles over
+    every request, acceptance and cycles by k over all of them (the server's counters from before
+    the first to after the last: only this point's requests ran on it in between), the rest summed."""
+    pairs = [pair for run in runs for pair in run["ttft_tpot"]]
+    ms = lambda v: None if v is None else 1000 * v  # noqa: E731
+    before, after = runs[0]["metrics_before"], runs[-1]["metrics_after"]
+    return {"concurrency": runs[0]["concurrency"], "arrival": runs[0]["arrival"],
+            "poisson_rate": runs[0]["poisson_rate"], "repeats": len(runs),
+            "requests": sum(run["requests"] for run in runs),
+            "output_tokens": sum(run["output_tokens"] for run in runs),
+            "tok_s": statistics.median(run["tok_s"] for run in runs), "tok_s_runs": [run["tok_s"] for run in runs],
+            "mean_latency_s": statistics.median(run["mean_latency_s"] for run in runs),
+            "mean_latency_s_runs": [run["mean_latency_s"] for run in runs],
+            "wall_s_runs": [run["wall_s"] for run in runs],
+            "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
+            "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
+            "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
+            "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
+            "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after),
+            "cycle_costs_ms": cycle_costs_ms(after), "greedy_exact": sum(run["greedy_exact"] for run in runs),
+            "errors": [e for run in runs for e in run["errors"]][:5],
+            "num_errors": sum(run["num_errors"] for run in runs)}
 
 
 def point_rng(args, c: int, arrival: str) -> random.Random:

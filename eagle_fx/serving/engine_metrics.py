@@ -1,7 +1,8 @@
 """The serving engine's counters as one snapshot (what /metrics shows; eagle_fx.serving.prometheus
 names them): requests running and waiting, KV blocks, vLLM's spec-decode counters, tokens,
 finished requests per reason, speculation off per reason, decode cycles per k, structured output's
-requests and cycles."""
+requests and cycles, and what adaptive speculation decides from: its cycle costs per (k, batch size)
+at no keys (StepCosts.measured) and its seconds outside the cycles per batch size."""
 from __future__ import annotations
 
 OFF_REASONS = ("cost", "acceptance_collapse")
@@ -28,4 +29,7 @@ def engine_metrics(engine) -> dict:
         prefix_cache_hit_tokens_total=st.prefix_hit_tokens_base, num_spec_tokens_current=engine.current_k,
         cycles_by_k={str(k): n for k, n in engine.cycles_by_k.items()},
         num_requests_structured=sum(r.grammar is not None for r in engine.running),
-        grammar_cycles_total=st.grammar_cycles, grammar_mask_seconds_total=st.grammar_mask_s)
+        grammar_cycles_total=st.grammar_cycles, grammar_mask_seconds_total=st.grammar_mask_s,
+        cycle_cost_seconds={(str(k), str(b)): v for k, by_size in engine.costs.measured().items()
+                            for b, v in by_size.items()},
+        outside_seconds={str(b): v for b, v in engine.outside.measured().items()})

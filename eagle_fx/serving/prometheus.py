@@ -44,6 +44,14 @@ LABELLED = (
      "Times speculation was switched off for a request, by reason."),
     ("eagle_fx:decode_cycles_total", "counter", "cycles_by_k", "k",
      "Decode cycles run, by draft tokens per request k (0: plain decoding; adaptive speculation picks k per cycle)."),
+    ("eagle_fx:step_outside_cycles_seconds", "gauge", "outside_seconds", "batch_size",
+     "Seconds of a decode step outside its cycles, by running requests (adaptive speculation adds them to every k)."),
+)
+# (exposed name, type, key of a {(label value, label value): number} dict, labels, help)
+LABELLED2 = (
+    ("eagle_fx:cycle_cost_seconds", "gauge", "cycle_cost_seconds", ("k", "batch_size"),
+     "Seconds of one decode cycle at k for batch_size requests, at no attention keys (what adaptive speculation "
+     "prices each k by: the median of recent cycles, or the startup probe's scaled, interpolated between sizes)."),
 )
 
 
@@ -97,7 +105,16 @@ def render_metrics(metrics: dict, model_name: str | None = None) -> str:
         if values is not None:
             lines += _family(name, kind, help_text,
                              [({**base, label: k}, v) for k, v in sorted(values.items())])
+    for name, kind, key, labels, help_text in LABELLED2:
+        values = metrics.get(key)
+        if values is not None:
+            lines += _family(name, kind, help_text, [({**base, **dict(zip(labels, k))}, v)
+                                                     for k, v in sorted(values.items(), key=_numeric_key)])
     return "\n".join(lines) + "\n"
+
+
+def _numeric_key(item):
+    return tuple(int(v) if v.isdigit() else v for v in item[0])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

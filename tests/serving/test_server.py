@@ -333,7 +333,7 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
                  "num_requests_running", "num_requests_waiting", "kv_cache_blocks_used", "kv_cache_usage_perc",
                  "prompt_tokens_total", "generation_tokens_total", "request_success_total", "speculation_off",
                  "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current",
-                 "decode_cycles_total"):
+                 "decode_cycles_total", "cycle_cost_seconds", "step_outside_cycles_seconds"):
         assert f"# TYPE eagle_fx:{name} " in text and f"# HELP eagle_fx:{name} " in text, name
     assert sample(after, "eagle_fx:spec_decode_num_drafts_total") > served.initial_metrics["spec_decode_num_drafts"]
     # vLLM's identities, whatever k each cycle ran at (a lone cycle may accept nothing, so no count is
@@ -350,6 +350,14 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
     cycles = {k: sample(after, "eagle_fx:decode_cycles_total", k=str(k)) for k in (0, 1, 3)}
     drafts = sample(after, "eagle_fx:spec_decode_num_drafts_total")
     assert 0 < cycles[1] + cycles[3] <= drafts <= 4 * (cycles[1] + cycles[3])  # (max_batch_size 4)
+    # what adaptive speculation prices each k by, as the engine holds it (idle now): every (k, batch size)
+    costs = served.engine_loop.engine.costs.measured()
+    assert sorted(costs) == [0, 1, 3] and all(costs.values())
+    for k, by_size in costs.items():
+        for batch, seconds in by_size.items():
+            assert sample(after, "eagle_fx:cycle_cost_seconds", k=str(k), batch_size=str(batch)) == seconds
+    outside = served.engine_loop.engine.outside.measured()
+    assert all(sample(after, "eagle_fx:step_outside_cycles_seconds", batch_size=str(b)) == v for b, v in outside.items())
 
 
 def test_health(served):
