@@ -18,24 +18,26 @@ patterns:
            runs, else the first of --settings): by Little's law (L = lambda W) that offers the
            reference about C requests in flight, still capped at C by the semaphore. Every setting
            gets the same arrival times: a setting faster than the reference keeps up with them
-           at fewer requests in flight (its tok/s is about the reference's, its latency lower);
-           a slower one queues at the cap (its tok/s lower). So at a Poisson point compare
-           latency; tok/s says whether a setting kept up. (Until stop 40 each setting was offered
+           at fewer requests in flight (its tok/s about the reference's, set by the arrivals;
+           its response time lower); a slower one queues at the cap. So at a Poisson point
+           compare the response time (arrival to last token, the wait for the cap included);
+           tok/s there says whether a setting kept up. (Until stop 40 each setting was offered
            C / its own W, so a slow burst point lowered the same setting's Poisson point.)
 
 Each point runs --repeats times per setting, the settings taking turns in each repeat (the order
 reversed at every other turn). Reported per point: output tok/s (output tokens / wall of the
 batch, first send to last token; the median over the repeats) and its ratio to k=0 at the same
-point, the mean request latency (send to last token; the median over the repeats) and its ratio to
-k=0, TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p50/p99 over every request of the
-repeats,
-the mean acceptance length (1 + accepted / drafts, from /metrics before and after the batch), the
-decode cycles run at each k (eagle_fx:decode_cycles_total: which k adaptive chose), the cycle
-costs per (k, batch size) the server's engine held after the point (eagle_fx:cycle_cost_seconds:
-what adaptive priced each k by; in the JSON), and
-greedy-exact n/n (every output's token ids against HF `generate(do_sample=False)` of the same
-prompt, computed before any server starts). The JSON (--out) has every point, with each repeat's
-tok/s and mean latency and the order the settings ran in at each repeat.
+point; the mean response time (a request's arrival to its last token: in a burst every request
+arrives at t=0, so it includes the wait for one of the C places; the median over the repeats) and
+its ratio to k=0; TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p50/p99 over every
+request of the repeats (from the request's send); the mean acceptance length (1 + accepted /
+drafts, from /metrics before the first repeat and after the last); the decode cycles run at each
+k (eagle_fx:decode_cycles_total: which k adaptive chose); the cycle costs per (k, batch size) the
+server's engine held after the point (eagle_fx:cycle_cost_seconds: what adaptive priced each k
+by; in the JSON); and greedy-exact n/n (every output's token ids against HF
+`generate(do_sample=False)` of the same prompt, computed before any server starts). The JSON
+(--out) has every point, with each repeat's tok/s, mean latency (send to last token: W above) and
+response time, and the order the settings ran in at each repeat.
 
 The waves-vs-continuous comparison (offline, in-process) is bench/waves_vs_continuous.py.
 """
@@ -146,6 +148,7 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
     return {"concurrency": c, "arrival": arrival, "requests": n, "poisson_rate": rate, "output_tokens": tokens,
             "metrics_before": before, "metrics_after": after, "ttft_tpot": pairs,
             "wall_s": wall, "tok_s": tokens / wall, "mean_latency_s": sum(r["end"] - r["sent"] for r in results) / n,
+            "mean_response_s": sum(r["end"] - t0 - at for r, at in zip(results, gaps)) / n,
             "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
             "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
             "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
@@ -231,7 +234,7 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                     acc = "-" if point["acceptance"] is None else f"{point['acceptance']:.2f}"
                     log(f"{r['setting']} c={c} {arrival}: {point['tok_s']:.1f} tok/s (runs "
                         f"{', '.join(f'{t:.0f}' for t in point['tok_s_runs'])}), mean latency "
-                        f"{point['mean_latency_s']:.2f} s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, acceptance {acc}, "
+                        f"{point['mean_latency_s']:.2f} s, response {point['mean_response_s']:.2f} s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, acceptance {acc}, "
                         f"cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{point['requests']}")
 
 
@@ -265,6 +268,8 @@ def merged(runs: list[dict]) -> dict:
             "tok_s": statistics.median(run["tok_s"] for run in runs), "tok_s_runs": [run["tok_s"] for run in runs],
             "mean_latency_s": statistics.median(run["mean_latency_s"] for run in runs),
             "mean_latency_s_runs": [run["mean_latency_s"] for run in runs],
+            "mean_response_s": statistics.median(run["mean_response_s"] for run in runs),
+            "mean_response_s_runs": [run["mean_response_s"] for run in runs],
             "wall_s_runs": [run["wall_s"] for run in runs],
             "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
             "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
@@ -287,15 +292,15 @@ def fmt(v, spec=".0f"):
 
 def table(results) -> str:
     base = {(p["concurrency"], p["arrival"]): p for r in results if r["setting"] == "k=0" for p in r["points"]}
-    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'latency':>7} {'vs k=0':>6} "
+    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'response':>8} {'vs k=0':>6} "
             f"{'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} {'p99':>7} {'accept':>6} {'exact':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         for p in r["points"]:
             ref = base.get((p["concurrency"], p["arrival"]))
             lines.append(f"{r['setting']:<9} {p['concurrency']:>4} {p['arrival']:<8} {p['tok_s']:>8.1f} "
-                         f"{fmt(ref and p['tok_s'] / ref['tok_s'], '.2f'):>6} {p['mean_latency_s']:>7.2f} "
-                         f"{fmt(ref and p['mean_latency_s'] / ref['mean_latency_s'], '.2f'):>6} "
+                         f"{fmt(ref and p['tok_s'] / ref['tok_s'], '.2f'):>6} {p['mean_response_s']:>8.2f} "
+                         f"{fmt(ref and p['mean_response_s'] / ref['mean_response_s'], '.2f'):>6} "
                          f"{fmt(p['ttft_p50_ms']):>8} {fmt(p['ttft_p99_ms']):>7} "
                          f"{fmt(p['tpot_p50_ms'], '.1f'):>8} {fmt(p['tpot_p99_ms'], '.1f'):>7} "
                          f"{fmt(p['acceptance'], '.2f'):>6} {p['greedy_exact']:>4}/{p['requests']:<3}")
