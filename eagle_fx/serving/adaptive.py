@@ -215,10 +215,11 @@ class Exploration:
     """Which k re-measures when: a k not run at the batch's size bucket (size_bucket) for `every`
     decisions there (a k never run there: for every / FIRST_EXPLORATION) runs EXPLORATION_CYCLES
     cycles in a row while the batch keeps its bucket, so that a noisy or stale cost does not keep it
-    out for good: the engine measures a cycle only when its k also ran in the step before (the first
-    cycle after a switch costs 20-30% more on a CPU, its weights and code out of cache), so an
-    exploration of MIN_SERVICE cycles measured it once and priced the k by its switch, whichever k
-    ran before it kept winning. Decisions are counted per bucket."""
+    out for good. The engine measures a cycle only when its k also ran in the step before: the first
+    cycle after a switch costs 20-30% more on a CPU (its weights and code out of cache), and measured,
+    it priced an exploration's k partly by that switch, so whichever k ran before kept winning; of an
+    exploration's cycles the first settles and MIN_SERVICE are measured. Decisions are counted per
+    bucket."""
 
     def __init__(self, ks: list[int], every: int):
         self.ks, self.every = ks, every

@@ -50,8 +50,9 @@ LABELLED = (
 # (exposed name, type, key of a {(label value, label value): number} dict, labels, help)
 LABELLED2 = (
     ("eagle_fx:cycle_cost_seconds", "gauge", "cycle_cost_seconds", ("k", "batch_size"),
-     "Seconds of one decode cycle at k for batch_size requests, at no attention keys (what adaptive speculation "
-     "prices each k by: the median of recent cycles, or the startup probe's scaled, interpolated between sizes)."),
+     "Seconds of one decode cycle at k for batch_size requests, at no attention keys, at each measured size (what "
+     "adaptive speculation prices each k by: the median of recent cycles, or the startup probe's scaled; "
+     "interpolated between sizes)."),
 )
 
 
