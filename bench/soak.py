@@ -26,7 +26,7 @@ import time
 
 import httpx
 
-from serve_common import (Server, acceptance, add_server_flags, get_metrics, held_out_prompts, hf_greedy,
+from serve_common import (Server, acceptance, add_server_flags, cycles_by_k, get_metrics, held_out_prompts, hf_greedy,
                           load_tokenizer_and_base, log, metric, server_args, sigterm_as_interrupt, stream_completion)
 
 MALFORMED = ("invalid_json", "negative_max_tokens", "n_2", "unknown_field", "prompt_too_long")
@@ -177,6 +177,7 @@ def check(out: dict, refs, server_alive: bool) -> dict:
             "settle_s": out["settle_s"], "rss_mb_series": rss, "rss_growth_from_200_mb": growth,
             "wall_s": out["wall_s"], "output_tokens": tokens, "tok_s": tokens / out["wall_s"],
             "acceptance": acceptance(out["metrics_before"], m) if m else None,
+            "cycles_by_k": cycles_by_k(out["metrics_before"], m) if m else None,
             "finished_by_reason": {k: v for k, v in m.items() if k.startswith("eagle_fx:request_success_total")}}
 
 
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
         return 1
     print(f"soak: {args.num_requests} requests, concurrency {args.concurrency}, backend {args.backend}, "
           f"{s['wall_s']:.0f} s, {s['output_tokens']} output tokens ({s['tok_s']:.1f} tok/s), acceptance "
-          f"{'-' if s['acceptance'] is None else format(s['acceptance'], '.2f')}")
+          f"{'-' if s['acceptance'] is None else format(s['acceptance'], '.2f')}, decode cycles by k {s['cycles_by_k']}")
     print(f"  completed streams exact vs HF greedy: {s['completed_exact']}/{s['completed']} (not exact: "
           f"{s['completed_errors']} ended with an error, {s['completed_wrong_tokens']} with wrong tokens)")
     print(f"  aborted mid-stream: {s['aborted']} (planned {s['aborts_planned']}; the rest finished within their "
