@@ -115,7 +115,7 @@ def num_requests(args, c: int) -> int:
 
 
 async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate: float | None, args, rng) -> dict:
-    """One batch of n requests at concurrency c; the point's measurements."""
+    """One batch of n requests at concurrency c: its measurements, raw (merged() makes the point)."""
     order = [prompts[rng.randrange(len(prompts))] for _ in range(n)]
     lengths = [rng.randint(args.min_tokens, args.max_tokens) for _ in range(n)]
     gaps = [0.0] * n
@@ -143,17 +143,10 @@ async def run_point(url: str, prompts, refs, c: int, n: int, arrival: str, rate:
     exact = sum(1 for r, p, length in zip(results, order, lengths)
                 if r["error"] is None and r["ids"] == refs[tuple(p)][:length])
     errors = [r["error"] or f"status {r['status']}" for r in results if r["error"] or r["status"] != 200]
-    pairs = [ttft_tpot(r) for r in results]
-    ms = lambda v: None if v is None else 1000 * v  # noqa: E731
     return {"concurrency": c, "arrival": arrival, "requests": n, "poisson_rate": rate, "output_tokens": tokens,
-            "metrics_before": before, "metrics_after": after, "ttft_tpot": pairs,
+            "metrics_before": before, "metrics_after": after, "ttft_tpot": [ttft_tpot(r) for r in results],
             "wall_s": wall, "tok_s": tokens / wall, "mean_latency_s": sum(r["end"] - r["sent"] for r in results) / n,
-            "mean_response_s": sum(r["end"] - t0 - at for r, at in zip(results, gaps)) / n,
-            "ttft_p50_ms": ms(percentile([a for a, _ in pairs], 50)),
-            "ttft_p99_ms": ms(percentile([a for a, _ in pairs], 99)),
-            "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
-            "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
-            "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after), "greedy_exact": exact,
+            "mean_response_s": sum(r["end"] - t0 - at for r, at in zip(results, gaps)) / n, "greedy_exact": exact,
             "errors": errors[:5], "num_errors": len(errors)}
 
 
