@@ -34,7 +34,8 @@ SCALARS = (
      "Host seconds the grammar matchers spent filling the masks of those cycles."),
 )
 
-# (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help)
+# (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help); a tuple of
+# labels: a {(label value, ...): number} dict
 LABELLED = (
     ("eagle_fx:request_success_total", "counter", "request_success_total", "finished_reason",
      "Count of finished requests, by finish reason."),
@@ -46,9 +47,6 @@ LABELLED = (
      "Decode cycles run, by draft tokens per request k (0: plain decoding; adaptive speculation picks k per cycle)."),
     ("eagle_fx:step_outside_cycles_seconds", "gauge", "outside_seconds", "batch_size",
      "Seconds of a decode step outside its cycles, by running requests (adaptive speculation adds them to every k)."),
-)
-# (exposed name, type, key of a {(label value, label value): number} dict, labels, help)
-LABELLED2 = (
     ("eagle_fx:cycle_cost_seconds", "gauge", "cycle_cost_seconds", ("k", "batch_size"),
      "Seconds of one decode cycle at k for batch_size requests, at no attention keys, at each measured size (what "
      "adaptive speculation prices each k by: the median of recent cycles, or the startup probe's scaled; "
@@ -101,21 +99,19 @@ def render_metrics(metrics: dict, model_name: str | None = None) -> str:
         lines += _family("eagle_fx:spec_decode_num_accepted_tokens_per_pos_total", "counter",
                          "Accepted tokens per draft position.",
                          [({**base, "position": str(i)}, n) for i, n in enumerate(per_pos)])
-    for name, kind, key, label, help_text in LABELLED:
+    for name, kind, key, labels, help_text in LABELLED:
         values = metrics.get(key)
         if values is not None:
-            lines += _family(name, kind, help_text,
-                             [({**base, label: k}, v) for k, v in sorted(values.items())])
-    for name, kind, key, labels, help_text in LABELLED2:
-        values = metrics.get(key)
-        if values is not None:
+            if isinstance(labels, str):
+                labels, values = (labels,), {(k,): v for k, v in values.items()}
             lines += _family(name, kind, help_text, [({**base, **dict(zip(labels, k))}, v)
                                                      for k, v in sorted(values.items(), key=_numeric_key)])
     return "\n".join(lines) + "\n"
 
 
 def _numeric_key(item):
-    return tuple(int(v) if v.isdigit() else v for v in item[0])
+    """Label values in order, numbers as numbers (batch size 2 before 16)."""
+    return tuple((0, int(v), "") if v.isdigit() else (1, 0, v) for v in item[0])
 
 
 def parse_metrics(text: str) -> dict[str, float]:
