@@ -27,7 +27,12 @@ def parse_args(argv=None):
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="compile backend")
     ap.add_argument("--max-batch-size", type=int, default=16, help="the model's max_batch_size (the wave size)")
-    ap.add_argument("--num-spec-tokens", type=int, default=3, help="the fixed k of both engines")
+    ap.add_argument("--num-spec-tokens", type=int, default=3,
+                    help="the model's k: both engines' fixed k (0: the pair compiled without its draft), or the "
+                         "largest k adaptive speculation chooses")
+    ap.add_argument("--speculation", choices=["fixed", "adaptive"], default="fixed",
+                    help="both engines at the fixed k, or adaptive speculation (k in 0, 1 and --num-spec-tokens; "
+                         "each engine measures its startup costs before its run, outside the timing)")
     ap.add_argument("--num-requests", type=int, default=48, help="requests, all submitted at once")
     ap.add_argument("--lengths", default="8,32,128", help="comma list max_tokens is drawn from (uniformly)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each admission (alternated A/B/A/B)")
@@ -38,7 +43,7 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def run_engine(model, tok, prompts, lengths, admission: str, k: int) -> dict:
+def run_engine(model, tok, prompts, lengths, admission: str, k: int | str) -> dict:
     from eagle_fx.serving.engine import Engine
     from eagle_fx.serving.requests import SamplingParams
 
@@ -63,7 +68,8 @@ def run_engine(model, tok, prompts, lengths, admission: str, k: int) -> dict:
     return {"admission": admission, "wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall, "steps": steps,
             "mean_running": sum(batch_sizes) / max(1, len(batch_sizes)),
             "acceptance": 1 + accepted / drafts if drafts else None, "outputs": outputs,
-            "kv_blocks_used_after": after["kv_blocks_used"]}
+            "kv_blocks_used_after": after["kv_blocks_used"],
+            "cycles_by_k": {k: n - before["cycles_by_k"].get(k, 0) for k, n in after["cycles_by_k"].items()}}
 
 
 def main(argv=None) -> int:
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
     from eagle_fx.bundled import load_pair, pair_dirs
 
     log(f"waves vs continuous: {args.num_requests} requests, lengths {args.lengths}, backend {args.backend}, "
-        f"max batch {args.max_batch_size}, k={args.num_spec_tokens}, torch threads {torch.get_num_threads()}")
+        f"max batch {args.max_batch_size}, {args.speculation} k={args.num_spec_tokens}, torch threads {torch.get_num_threads()}")
     tok, base, draft = load_pair(*pair_dirs())
     prompts = held_out_prompts(tok, args.num_requests, args.max_prompt_len)
     choices = [int(x) for x in args.lengths.split(",")]
@@ -86,20 +92,23 @@ def main(argv=None) -> int:
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=args.backend,
                              max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, prefix_caching=False)
     log(f"compiled ({args.backend}) in {time.perf_counter() - t0:.0f} s")
+    setting = "adaptive" if args.speculation == "adaptive" else args.num_spec_tokens
+    if setting == "adaptive" and args.num_spec_tokens < 1:
+        raise SystemExit("--speculation adaptive needs --num-spec-tokens >= 1")
     for admission in ("waves", "continuous"):  # untimed: the compiled cycle's first calls (batch of 1, of many)
         warm = run_engine(model, tok, prompts[:args.max_batch_size + 2], lengths[:args.max_batch_size + 2], admission,
-                          args.num_spec_tokens)
+                          setting)
         log(f"warm-up run ({admission}): {warm['tok_s']:.1f} tok/s ({warm['wall_s']:.1f} s)")
     runs = []
     for rep in range(args.repeats):
         for admission in ("waves", "continuous"):
-            r = run_engine(model, tok, prompts, lengths, admission, args.num_spec_tokens)
+            r = run_engine(model, tok, prompts, lengths, admission, setting)
             r["exact"] = sum(1 for o, want in zip(r["outputs"], refs) if o == want)
             r["repeat"] = rep
             runs.append(r)
             log(f"{admission} #{rep + 1}: {r['tok_s']:.1f} tok/s ({r['output_tokens']} tokens in {r['wall_s']:.1f} s, "
-                f"{r['steps']} steps, mean running {r['mean_running']:.1f}, acceptance {r['acceptance']:.2f}), "
-                f"greedy-exact {r['exact']}/{len(refs)}, KV blocks used after {r['kv_blocks_used_after']}")
+                f"{r['steps']} steps, mean running {r['mean_running']:.1f}, acceptance {r['acceptance'] or 1:.2f}, cycles by k "
+                f"{r['cycles_by_k']}), greedy-exact {r['exact']}/{len(refs)}, KV blocks used after {r['kv_blocks_used_after']}")
     med = {a: statistics.median(r["tok_s"] for r in runs if r["admission"] == a) for a in ("waves", "continuous")}
     summary = {"args": vars(args), "lengths": lengths, "runs": [{k: v for k, v in r.items() if k != "outputs"}
                                                                for r in runs],
@@ -110,9 +119,9 @@ def main(argv=None) -> int:
     print(f"{'admission':<11} {'run':>3} {'tok/s':>8} {'wall s':>7} {'steps':>6} {'mean run':>8} {'accept':>6} {'exact':>7}")
     for r in runs:
         print(f"{r['admission']:<11} {r['repeat'] + 1:>3} {r['tok_s']:>8.1f} {r['wall_s']:>7.1f} {r['steps']:>6} "
-              f"{r['mean_running']:>8.1f} {r['acceptance']:>6.2f} {r['exact']:>3}/{len(refs)}")
+              f"{r['mean_running']:>8.1f} {r['acceptance'] or 1:>6.2f} {r['exact']:>3}/{len(refs)}")
     print(f"median tok/s: waves {med['waves']:.1f}, continuous {med['continuous']:.1f}; continuous / waves "
-          f"{summary['ratio_continuous_over_waves']:.2f}x ({args.backend}, k={args.num_spec_tokens}, "
+          f"{summary['ratio_continuous_over_waves']:.2f}x ({args.backend}, {args.speculation} k={args.num_spec_tokens}, "
           f"max batch {args.max_batch_size}, {args.num_requests} requests, lengths {choices})")
     exact = all(r["exact"] == len(refs) for r in runs)
     print(f"greedy-exact in every run: {exact}")
