@@ -163,7 +163,12 @@ class StepCosts:
     k of B rows costs base_k(B) + slope_k(B) * keys. slope_k(B) (seconds per key) is measured once,
     before serving, from cycles at two contexts (eagle_fx.serving.cost_probe); base_k(B) (a SizeCosts
     per k) is what each measured cycle costs less its keys' share, kept current in service. Without
-    a slope for k (nothing measured at two contexts), keys cost nothing and base_k is the cycle."""
+    a slope for k (nothing measured at two contexts), keys cost nothing and base_k is the cycle.
+    Both are the probe's numbers at first, and the probe is off from service by a common factor
+    (`scale`, kept current by the cycles in service where it measured): a probe base stands times
+    scale until service replaces it, and a key costs scale x slope throughout (the slope unscaled
+    overpriced what a probed base did not: at 64 rows, where service ran 0.66x the probe, a k = 3
+    cycle of 30720 keys was priced 82.6 ms and took 58.4, a k = 0 cycle 28.1 and took 20.3)."""
 
     def __init__(self, window: int = 5):
         self.window = window
@@ -176,23 +181,25 @@ class StepCosts:
         self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
 
     def slope(self, k: int, batch: int) -> float:
-        """Seconds per key of a cycle at k of `batch` rows: interpolated between measured sizes,
-        held at the nearest one outside them; 0 when none is measured."""
+        """The probe's seconds per key of a cycle at k of `batch` rows (a cycle's cost counts scale x
+        this): interpolated between measured sizes, held at the nearest one outside them; 0 when none
+        is measured."""
         slopes = self._slopes.get(k)
         return slopes.cost(batch) if slopes else 0.0
 
     def observe(self, k: int, batch: int, seconds: float, keys: int = 0, prior: bool = False) -> None:
         """One cycle's seconds. prior=True: the startup probe's. A cycle in service where the probe
-        measured also updates the ratio of service to probe costs (the median of the last few), which
-        scales every probe cost not yet replaced (the probe runs short bursts of cycles on dummy
-        tokens, outside the engine's bookkeeping: its costs are off by a common factor more than by k)."""
+        measured also updates the ratio of service to probe costs (the median of the last few: this
+        cycle's seconds over the probe's whole cycle at its keys, base + slope x keys), which scales
+        every probe cost not yet replaced and the probe's seconds per key everywhere (the probe runs
+        short bursts of cycles on dummy tokens, outside the engine's bookkeeping: its costs, the
+        keys' share included, are off by a common factor more than by k)."""
         sizes = self._by_k.setdefault(k, SizeCosts(self.window))
-        value = seconds - self.slope(k, batch) * keys
-        before = sizes.prior(batch)
-        sizes.observe(batch, value, prior)
-        if not prior and before is not None and before > 0:
-            self._ratios.append(value / before)
+        slope, before = self.slope(k, batch), sizes.prior(batch)
+        if not prior and before is not None and before + slope * keys > 0:
+            self._ratios.append(seconds / (before + slope * keys))
             self.scale = statistics.median(self._ratios)
+        sizes.observe(batch, seconds - (1.0 if prior else self.scale) * slope * keys, prior)
 
     def measured(self) -> dict[int, dict[int, float]]:
         """base_k(B) per k and batch size (the cycle's seconds at no keys)."""
@@ -208,7 +215,7 @@ class StepCosts:
             if default is not None:
                 return default
             raise KeyError(f"no cost measured for k={k}")
-        return max(self._by_k[k].cost(batch, self.scale) + self.slope(k, batch) * keys, 0.0)
+        return max(self._by_k[k].cost(batch, self.scale) + self.scale * self.slope(k, batch) * keys, 0.0)
 
 
 class Exploration:

@@ -266,6 +266,32 @@ def test_probe_costs_stand_scaled_by_service_until_service_replaces_them():
     costs.observe(1, 8, 3.0)  # no probe at (1, 8): service stands from the first cycle
     assert costs.cost(1, 8) == 3.0
 
+def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
+    """The probe's whole cycle, base + slope x keys, is off from service by one factor: the ratio is
+    taken over the whole cycle, and a cost the probe stands for at any keys is that factor times its
+    whole cycle (scaling only the base overpriced the keys' share); a size measured in service
+    gives back its seconds at the keys it ran, and its keys cost the scaled slope."""
+    def probe_base(k, b):
+        return 1e-3 * (1.0 + 0.2 * b * (k + 1))
+
+    def probe_slope(k, b):
+        return 1e-6 * (1 + k) * (1 + b / 32)
+
+    costs = StepCosts()
+    for k, b in itertools.product([0, 3], [1, 4, 16, 64]):
+        costs.set_slope(k, b, probe_slope(k, b))
+        for keys in (b * 64, b * 512):
+            costs.observe(k, b, probe_base(k, b) + probe_slope(k, b) * keys, keys=keys, prior=True)
+    factor = 0.66
+    for _ in range(5):  # service: k = 3 at 16 rows, 16 x 300 keys, at 0.66x the probe's whole cycle
+        costs.observe(3, 16, factor * (probe_base(3, 16) + probe_slope(3, 16) * 16 * 300), keys=16 * 300)
+    assert costs.scale == pytest.approx(factor)
+    for k, b, keys in itertools.product([0, 3], [1, 4, 64], [0, 4800, 30720]):
+        assert costs.cost(k, b, keys=keys) == pytest.approx(factor * (probe_base(k, b) + probe_slope(k, b) * keys))
+    for keys in (16 * 300, 16 * 100, 30720):
+        assert costs.cost(3, 16, keys=keys) == pytest.approx(factor * (probe_base(3, 16) + probe_slope(3, 16) * keys))
+
+
 def test_choose_k_prices_the_keys_each_cycle_reads():
     """Long contexts make every cycle dearer by the keys its rows read, which speculation amortises
     over more tokens: the choice is the brute force's over costs that include them, and a batch
