@@ -69,7 +69,7 @@ def run_engine(model, tok, prompts, lengths, admission: str, k: int | str) -> di
             "mean_running": sum(batch_sizes) / max(1, len(batch_sizes)),
             "acceptance": 1 + accepted / drafts if drafts else None, "outputs": outputs,
             "kv_blocks_used_after": after["kv_blocks_used"],
-            "cycles_by_k": {k: n - before["cycles_by_k"].get(k, 0) for k, n in after["cycles_by_k"].items()}}
+            "cycles_by_k": {key: n - before["cycles_by_k"].get(key, 0) for key, n in after["cycles_by_k"].items()}}
 
 
 def main(argv=None) -> int:

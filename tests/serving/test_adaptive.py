@@ -266,6 +266,7 @@ def test_probe_costs_stand_scaled_by_service_until_service_replaces_them():
     costs.observe(1, 8, 3.0)  # no probe at (1, 8): service stands from the first cycle
     assert costs.cost(1, 8) == 3.0
 
+
 def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
     """The probe's whole cycle, base + slope x keys, is off from service by one factor: the ratio is
     taken over the whole cycle, and a cost the probe stands for at any keys is that factor times its
