@@ -211,6 +211,18 @@ def cycles_by_k(before: dict, after: dict) -> dict[str, int]:
     return {k: int(n - start.get(k, 0)) for k, n in sorted(end.items())}
 
 
+def running_costs(before: dict, after: dict) -> dict:
+    """What running adaptive's choices cost between two snapshots, beyond its prices: cycles after a
+    switch of k and their seconds above their price (eagle_fx:k_switch_*), and the draft's catch-up
+    seconds after k = 0 cycles (eagle_fx:draft_catch_up_seconds_total)."""
+    def delta(name):
+        return metric(after, name) - metric(before, name)
+
+    return {"switch_cycles": int(delta("eagle_fx:k_switch_cycles_total")),
+            "switch_extra_s": round(delta("eagle_fx:k_switch_extra_seconds_total"), 4),
+            "catch_up_s": round(delta("eagle_fx:draft_catch_up_seconds_total"), 4)}
+
+
 def acceptance(before: dict, after: dict) -> float | None:
     """Mean acceptance length between two snapshots: 1 + accepted / drafts (None: no drafts)."""
     drafts = metric(after, "eagle_fx:spec_decode_num_drafts_total") - metric(before, "eagle_fx:spec_decode_num_drafts_total")

@@ -32,7 +32,10 @@ arrives at t=0, so it includes the wait for one of the C places; the median over
 its ratio to k=0; TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p50/p99 over every
 request of the repeats (from the request's send); the mean acceptance length (1 + accepted /
 drafts, from /metrics before the first repeat and after the last); the decode cycles run at each
-k (eagle_fx:decode_cycles_total: which k adaptive chose); the cycle costs per (k, batch size) the
+k (eagle_fx:decode_cycles_total: which k adaptive chose), how many of them followed a switch of k
+and their seconds above what adaptive priced them at, and the draft's catch-up seconds
+(eagle_fx:k_switch_*, eagle_fx:draft_catch_up_seconds_total: what running its choices cost beyond
+its prices); the cycle costs per (k, batch size) the
 server's engine held after the point (eagle_fx:cycle_cost_seconds: what adaptive priced each k
 by; in the JSON); and greedy-exact n/n (every output's token ids against HF
 `generate(do_sample=False)` of the same prompt, computed before any server starts). The JSON
@@ -55,7 +58,7 @@ import time
 import httpx
 
 from serve_common import (Server, acceptance, add_server_flags, cycle_costs_ms, cycles_by_k, get_metrics,
-                          held_out_prompts,
+                          held_out_prompts, running_costs,
                           hf_greedy, load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
                           stream_completion, ttft_tpot)
 
@@ -228,7 +231,8 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                     log(f"{r['setting']} c={c} {arrival}: {point['tok_s']:.1f} tok/s (runs "
                         f"{', '.join(f'{t:.0f}' for t in point['tok_s_runs'])}), mean latency "
                         f"{point['mean_latency_s']:.2f} s, response {point['mean_response_s']:.2f} s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, acceptance {acc}, "
-                        f"cycles by k {point['cycles_by_k']}, greedy-exact {point['greedy_exact']}/{point['requests']}")
+                        f"cycles by k {point['cycles_by_k']} ({point['switch_cycles']} after a switch, "
+                        f"{point['switch_extra_s']:.3f} s above their price; catch-ups {point['catch_up_s']:.3f} s), greedy-exact {point['greedy_exact']}/{point['requests']}")
 
 
 def run_setting(r: dict, c: int, n: int, arrival: str, rate, prompts, refs, args, runs: dict) -> None:
@@ -269,7 +273,7 @@ def merged(runs: list[dict]) -> dict:
             "tpot_p50_ms": ms(percentile([b for _, b in pairs], 50)),
             "tpot_p99_ms": ms(percentile([b for _, b in pairs], 99)),
             "acceptance": acceptance(before, after), "cycles_by_k": cycles_by_k(before, after),
-            "cycle_costs_ms": cycle_costs_ms(after), "greedy_exact": sum(run["greedy_exact"] for run in runs),
+            **running_costs(before, after), "cycle_costs_ms": cycle_costs_ms(after), "greedy_exact": sum(run["greedy_exact"] for run in runs),
             "errors": [e for run in runs for e in run["errors"]][:5],
             "num_errors": sum(run["num_errors"] for run in runs)}
 

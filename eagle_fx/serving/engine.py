@@ -111,6 +111,7 @@ class Engine:
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
+        self.switch_cycles, self.switch_seconds, self.catch_up_seconds = 0, 0.0, 0.0  # what running the ks costs
         self._ids, self._warned_collapse = itertools.count(), False
         if self.adaptive and measure:
             measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
@@ -364,9 +365,12 @@ class Engine:
                 final = before + self.model.draft_offset if k > 0 else min(r.draft_upto + 1, before + 1)
                 self.running.remove(r)
                 self._finish(r, final=final)
-        seconds = time.perf_counter() - started
-        if masks is None and k in self._ks_before:  # (not a grammar's cycle, nor the first after a switch)
-            self.costs.observe(k, size, seconds, keys=table.numel() * self.model.options.block_size)
+        seconds, keys = time.perf_counter() - started, table.numel() * self.model.options.block_size
+        if k not in self._ks_before:  # the first cycle after a switch: not a price; its seconds above the price
+            self.switch_cycles += 1
+            self.switch_seconds += max(seconds - self.costs.cost(k, size, seconds, keys), 0.0)
+        elif masks is None:  # (nor a grammar's cycle)
+            self.costs.observe(k, size, seconds, keys=keys)
         self._cycle_seconds += seconds
         self.cycles_by_k[k] += 1
         self._ks_now.add(k)
@@ -397,8 +401,9 @@ class Engine:
                                                                           self.tables, self.resume_window)
         self.draft_logits[rows[:1]].sum().item()  # (a host read: the call's time, not its launch)
         behind = sum(r.committed - r.draft_upto for r in group)  # (by the power of two at or above: a few sizes)
-        self.catch_ups.observe(1 << (behind - 1).bit_length(), time.perf_counter() - started)
-        self._cycle_seconds += time.perf_counter() - started
+        self.catch_ups.observe(1 << (behind - 1).bit_length(), seconds := time.perf_counter() - started)
+        self._cycle_seconds += seconds
+        self.catch_up_seconds += seconds
         for r in group:
             r.draft_upto = r.committed
 

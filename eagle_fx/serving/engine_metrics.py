@@ -2,7 +2,8 @@
 names them): requests running and waiting, KV blocks, vLLM's spec-decode counters, tokens,
 finished requests per reason, speculation off per reason, decode cycles per k, structured output's
 requests and cycles, and what adaptive speculation decides from: its cycle costs per (k, batch size)
-at no keys (StepCosts.measured) and its seconds outside the cycles per batch size."""
+at no keys (StepCosts.measured) and its seconds outside the cycles per batch size; and what running
+its choices costs that its prices leave out (cycles after a switch of k, the draft's catch-ups)."""
 from __future__ import annotations
 
 OFF_REASONS = ("cost", "acceptance_collapse")
@@ -32,4 +33,6 @@ def engine_metrics(engine) -> dict:
         grammar_cycles_total=st.grammar_cycles, grammar_mask_seconds_total=st.grammar_mask_s,
         cycle_cost_seconds={(str(k), str(b)): v for k, by_size in engine.costs.measured().items()
                             for b, v in by_size.items()},
-        outside_seconds={str(b): v for b, v in engine.outside.measured().items()})
+        outside_seconds={str(b): v for b, v in engine.outside.measured().items()},
+        switch_cycles_total=engine.switch_cycles, switch_extra_seconds_total=engine.switch_seconds,
+        draft_catch_up_seconds_total=engine.catch_up_seconds)

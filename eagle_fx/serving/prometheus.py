@@ -32,6 +32,13 @@ SCALARS = (
      "Speculative cycles run under grammar masks."),
     ("eagle_fx:grammar_mask_seconds_total", "counter", "grammar_mask_seconds_total",
      "Host seconds the grammar matchers spent filling the masks of those cycles."),
+    ("eagle_fx:k_switch_cycles_total", "counter", "switch_cycles_total",
+     "Decode cycles whose k did not run in the step before (a switch of k, or the first cycle after a step "
+     "without one): slower on a CPU, and not what adaptive speculation prices a k by."),
+    ("eagle_fx:k_switch_extra_seconds_total", "counter", "switch_extra_seconds_total",
+     "Seconds those cycles took above what adaptive speculation priced them at (what switching k cost)."),
+    ("eagle_fx:draft_catch_up_seconds_total", "counter", "draft_catch_up_seconds_total",
+     "Seconds of the draft's catch-up calls over tokens committed at k = 0, before a cycle at k > 0."),
 )
 
 # (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help); a tuple of

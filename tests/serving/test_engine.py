@@ -197,7 +197,7 @@ def test_adaptive_measures_a_cycle_only_when_its_k_ran_in_the_step_before(pair, 
     costs 20-30% more on a CPU (its weights and code out of cache): measured into choose_k's costs,
     it priced a k by its switch, so an exploration lost to whichever k ran before it. Oracle: the
     scripted ks (catch-ups and switches among 0..3); a cycle is measured iff its k ran in the step
-    before; every output == HF greedy."""
+    before, and counted as a switch cycle (/metrics) iff not; every output == HF greedy."""
     tok, base, _, prompts = pair
     engine = Scripted(model, tok, ks=[0, 1, 2, 3], measure=False)
     observed = []
@@ -213,6 +213,10 @@ def test_adaptive_measures_a_cycle_only_when_its_k_ran_in_the_step_before(pair, 
     expected = [(k, size) for step, cycles in sorted(ks_by_step.items()) for k, size in cycles
                 if k in {k_ for k_, _ in ks_by_step.get(step - 1, [])}]
     assert expected and len(expected) < len(engine.log) and observed == expected
+    # the others are /metrics' switch cycles; the schedule's k = 0 cycles leave the draft to catch up
+    metrics = engine.metrics()
+    assert metrics["switch_cycles_total"] == engine.switch_cycles == len(engine.log) - len(expected)
+    assert metrics["switch_extra_seconds_total"] >= 0 and metrics["draft_catch_up_seconds_total"] > 0
 
 
 def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair, model):
