@@ -211,23 +211,24 @@ def cycles_by_k(before: dict, after: dict) -> dict[str, int]:
     return {k: int(n - start.get(k, 0)) for k, n in sorted(end.items())}
 
 
+def growth(before: dict, after: dict, name: str) -> float:
+    """How much counter `name` (every label set) grew between two snapshots."""
+    return metric(after, name) - metric(before, name)
+
+
 def running_costs(before: dict, after: dict) -> dict:
     """What running adaptive's choices cost between two snapshots, beyond its prices: cycles after a
     switch of k and their seconds above their price (eagle_fx:k_switch_*), and the draft's catch-up
     seconds after k = 0 cycles (eagle_fx:draft_catch_up_seconds_total)."""
-    def delta(name):
-        return metric(after, name) - metric(before, name)
-
-    return {"switch_cycles": int(delta("eagle_fx:k_switch_cycles_total")),
-            "switch_extra_s": round(delta("eagle_fx:k_switch_extra_seconds_total"), 4),
-            "catch_up_s": round(delta("eagle_fx:draft_catch_up_seconds_total"), 4)}
+    return {"switch_cycles": int(growth(before, after, "eagle_fx:k_switch_cycles_total")),
+            "switch_extra_s": round(growth(before, after, "eagle_fx:k_switch_extra_seconds_total"), 4),
+            "catch_up_s": round(growth(before, after, "eagle_fx:draft_catch_up_seconds_total"), 4)}
 
 
 def acceptance(before: dict, after: dict) -> float | None:
     """Mean acceptance length between two snapshots: 1 + accepted / drafts (None: no drafts)."""
-    drafts = metric(after, "eagle_fx:spec_decode_num_drafts_total") - metric(before, "eagle_fx:spec_decode_num_drafts_total")
-    accepted = (metric(after, "eagle_fx:spec_decode_num_accepted_tokens_total")
-                - metric(before, "eagle_fx:spec_decode_num_accepted_tokens_total"))
+    drafts = growth(before, after, "eagle_fx:spec_decode_num_drafts_total")
+    accepted = growth(before, after, "eagle_fx:spec_decode_num_accepted_tokens_total")
     return 1 + accepted / drafts if drafts > 0 else None
 
 

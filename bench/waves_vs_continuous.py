@@ -74,6 +74,9 @@ def run_engine(model, tok, prompts, lengths, admission: str, k: int | str) -> di
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setting = "adaptive" if args.speculation == "adaptive" else args.num_spec_tokens
+    if setting == "adaptive" and args.num_spec_tokens < 1:  # (before the references and the compile)
+        raise SystemExit("--speculation adaptive needs --num-spec-tokens >= 1")
     import torch
 
     import eagle_fx
@@ -92,9 +95,6 @@ def main(argv=None) -> int:
     model = eagle_fx.compile(base, draft, num_spec_tokens=args.num_spec_tokens, backend=args.backend,
                              max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len, prefix_caching=False)
     log(f"compiled ({args.backend}) in {time.perf_counter() - t0:.0f} s")
-    setting = "adaptive" if args.speculation == "adaptive" else args.num_spec_tokens
-    if setting == "adaptive" and args.num_spec_tokens < 1:
-        raise SystemExit("--speculation adaptive needs --num-spec-tokens >= 1")
     for admission in ("waves", "continuous"):  # untimed: the compiled cycle's first calls (batch of 1, of many)
         warm = run_engine(model, tok, prompts[:args.max_batch_size + 2], lengths[:args.max_batch_size + 2], admission,
                           setting)
