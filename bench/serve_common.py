@@ -218,10 +218,13 @@ def growth(before: dict, after: dict, name: str) -> float:
 
 def running_costs(before: dict, after: dict) -> dict:
     """What running adaptive's choices cost between two snapshots, beyond its prices: cycles after a
-    switch of k and their seconds above their price (eagle_fx:k_switch_*), and the draft's catch-up
-    seconds after k = 0 cycles (eagle_fx:draft_catch_up_seconds_total)."""
+    switch of k and their seconds less their price (eagle_fx:k_switch_*: signed, the sum of each such
+    cycle's seconds less its price), and the draft's catch-up seconds after k = 0 cycles
+    (eagle_fx:draft_catch_up_seconds_total)."""
+    extra = (growth(before, after, "eagle_fx:k_switch_seconds_total")
+             - growth(before, after, "eagle_fx:k_switch_priced_seconds_total"))
     return {"switch_cycles": int(growth(before, after, "eagle_fx:k_switch_cycles_total")),
-            "switch_extra_s": round(growth(before, after, "eagle_fx:k_switch_extra_seconds_total"), 4),
+            "switch_extra_s": round(extra, 4),
             "catch_up_s": round(growth(before, after, "eagle_fx:draft_catch_up_seconds_total"), 4)}
 
 

@@ -33,7 +33,7 @@ its ratio to k=0; TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p5
 request of the repeats (from the request's send); the mean acceptance length (1 + accepted /
 drafts, from /metrics before the first repeat and after the last); the decode cycles run at each
 k (eagle_fx:decode_cycles_total: which k adaptive chose), how many of them followed a switch of k
-and their seconds above what adaptive priced them at, and the draft's catch-up seconds
+and their seconds less what adaptive priced them at (signed), and the draft's catch-up seconds
 (eagle_fx:k_switch_*, eagle_fx:draft_catch_up_seconds_total: what running its choices cost beyond
 its prices); the cycle costs per (k, batch size) the
 server's engine held after the point (eagle_fx:cycle_cost_seconds: what adaptive priced each k
@@ -232,7 +232,7 @@ def run_interleaved(running: list[dict], prompts, refs, args) -> None:
                         f"{', '.join(f'{t:.0f}' for t in point['tok_s_runs'])}), mean latency "
                         f"{point['mean_latency_s']:.2f} s, response {point['mean_response_s']:.2f} s, TTFT p50 {point['ttft_p50_ms']:.0f} ms, acceptance {acc}, "
                         f"cycles by k {point['cycles_by_k']} ({point['switch_cycles']} after a switch, "
-                        f"{point['switch_extra_s']:.3f} s above their price; catch-ups {point['catch_up_s']:.3f} s), greedy-exact {point['greedy_exact']}/{point['requests']}")
+                        f"{point['switch_extra_s']:+.3f} s against their price; catch-ups {point['catch_up_s']:.3f} s), greedy-exact {point['greedy_exact']}/{point['requests']}")
 
 
 def run_setting(r: dict, c: int, n: int, arrival: str, rate, prompts, refs, args, runs: dict) -> None:

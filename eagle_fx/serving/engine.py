@@ -111,7 +111,7 @@ class Engine:
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
-        self.switch_cycles, self.switch_seconds, self.catch_up_seconds = 0, 0.0, 0.0  # what running the ks costs
+        self.switch_cycles, self.switch_seconds, self.switch_priced, self.catch_up_seconds = 0, 0.0, 0.0, 0.0
         self._ids, self._warned_collapse = itertools.count(), False
         if self.adaptive and measure:
             measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
@@ -366,9 +366,9 @@ class Engine:
                 self.running.remove(r)
                 self._finish(r, final=final)
         seconds, keys = time.perf_counter() - started, table.numel() * self.model.options.block_size
-        if k not in self._ks_before:  # the first cycle after a switch: not a price; its seconds above the price
-            self.switch_cycles += 1
-            self.switch_seconds += max(seconds - self.costs.cost(k, size, seconds, keys), 0.0)
+        if k not in self._ks_before:  # the first cycle after a switch: not a price; its seconds and its price counted
+            self.switch_cycles, self.switch_seconds = self.switch_cycles + 1, self.switch_seconds + seconds
+            self.switch_priced += self.costs.cost(k, size, seconds, keys)
         elif masks is None:  # (nor a grammar's cycle)
             self.costs.observe(k, size, seconds, keys=keys)
         self._cycle_seconds += seconds

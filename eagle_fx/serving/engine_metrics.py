@@ -34,5 +34,6 @@ def engine_metrics(engine) -> dict:
         cycle_cost_seconds={(str(k), str(b)): v for k, by_size in engine.costs.measured().items()
                             for b, v in by_size.items()},
         outside_seconds={str(b): v for b, v in engine.outside.measured().items()},
-        switch_cycles_total=engine.switch_cycles, switch_extra_seconds_total=engine.switch_seconds,
+        switch_cycles_total=engine.switch_cycles, switch_seconds_total=engine.switch_seconds,
+        switch_priced_seconds_total=engine.switch_priced,
         draft_catch_up_seconds_total=engine.catch_up_seconds)

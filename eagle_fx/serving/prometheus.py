@@ -35,8 +35,10 @@ SCALARS = (
     ("eagle_fx:k_switch_cycles_total", "counter", "switch_cycles_total",
      "Decode cycles whose k did not run in the step before (a switch of k, or the first cycle after a step "
      "without one): slower on a CPU, and not what adaptive speculation prices a k by."),
-    ("eagle_fx:k_switch_extra_seconds_total", "counter", "switch_extra_seconds_total",
-     "Seconds those cycles took above what adaptive speculation priced them at (what switching k cost)."),
+    ("eagle_fx:k_switch_seconds_total", "counter", "switch_seconds_total", "Seconds those cycles took."),
+    ("eagle_fx:k_switch_priced_seconds_total", "counter", "switch_priced_seconds_total",
+     "What adaptive speculation priced those cycles at (the difference from k_switch_seconds_total is what "
+     "switching k cost beyond its prices: it may be negative)."),
     ("eagle_fx:draft_catch_up_seconds_total", "counter", "draft_catch_up_seconds_total",
      "Seconds of the draft's catch-up calls over tokens committed at k = 0, before a cycle at k > 0."),
 )

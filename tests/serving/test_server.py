@@ -334,7 +334,8 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
                  "prompt_tokens_total", "generation_tokens_total", "request_success_total", "speculation_off",
                  "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current",
                  "decode_cycles_total", "cycle_cost_seconds", "step_outside_cycles_seconds",
-                 "k_switch_cycles_total", "k_switch_extra_seconds_total", "draft_catch_up_seconds_total"):
+                 "k_switch_cycles_total", "k_switch_seconds_total", "k_switch_priced_seconds_total",
+                 "draft_catch_up_seconds_total"):
         assert f"# TYPE eagle_fx:{name} " in text and f"# HELP eagle_fx:{name} " in text, name
     assert sample(after, "eagle_fx:spec_decode_num_drafts_total") > served.initial_metrics["spec_decode_num_drafts"]
     # vLLM's identities, whatever k each cycle ran at (a lone cycle may accept nothing, so no count is
@@ -362,7 +363,8 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
     # what running its choices cost: the engine's counts (a request's first cycle follows a step without one)
     engine = served.engine_loop.engine
     assert sample(after, "eagle_fx:k_switch_cycles_total") == engine.switch_cycles >= 1
-    assert sample(after, "eagle_fx:k_switch_extra_seconds_total") == engine.switch_seconds >= 0
+    assert sample(after, "eagle_fx:k_switch_seconds_total") == engine.switch_seconds > 0
+    assert sample(after, "eagle_fx:k_switch_priced_seconds_total") == engine.switch_priced > 0
     assert sample(after, "eagle_fx:draft_catch_up_seconds_total") == engine.catch_up_seconds
 
 
