@@ -124,8 +124,11 @@ class SizeCosts:
         return bool(self._sizes)
 
     def prior(self, batch: int) -> float | None:
-        """The probe's median at this size, if it measured it."""
-        return self._prior_median.get(batch)
+        """The probe's cost at this size: its median where it measured, else interpolated linearly
+        between the nearest sizes it measured (held at the nearest outside them); None if it measured
+        nothing."""
+        sizes = sorted(self._prior_median)
+        return _interpolated(sizes, self._prior_median.__getitem__, batch, extrapolate=False) if sizes else None
 
     def _value(self, batch: int, scale: float) -> float:
         service = self._service.get(batch)
@@ -138,23 +141,29 @@ class SizeCosts:
         """Interpolated linearly between the nearest measured sizes; past the largest, along the
         line through the two largest (never below the largest's cost), or the largest's cost
         (extrapolate=False); below the smallest, its cost."""
-        sizes = self._sizes
-        if not sizes:
+        if not self._sizes:
             raise KeyError("nothing measured")
-        if batch <= sizes[0]:
-            return self._value(sizes[0], scale)
-        if batch >= sizes[-1]:
-            top = self._value(sizes[-1], scale)
-            if not self.extrapolate:
-                return top
-            if len(sizes) == 1:
-                return top * batch / sizes[0]
-            lo, hi = sizes[-2], sizes[-1]
-            return max(top, top + (top - self._value(lo, scale)) / (hi - lo) * (batch - hi))
-        at = bisect.bisect_left(sizes, batch)
-        lo, hi = sizes[at - 1], sizes[at]
-        low = self._value(lo, scale)
-        return low + (self._value(hi, scale) - low) / (hi - lo) * (batch - lo)
+        return _interpolated(self._sizes, lambda b: self._value(b, scale), batch, self.extrapolate)
+
+
+def _interpolated(sizes: list[int], value, batch: int, extrapolate: bool) -> float:
+    """value(b) at the sorted measured `sizes`, interpolated linearly at `batch`; below the smallest,
+    its value; past the largest, along the line through the two largest (never below the largest's
+    value), or the largest's value (extrapolate=False)."""
+    if batch <= sizes[0]:
+        return value(sizes[0])
+    if batch >= sizes[-1]:
+        top = value(sizes[-1])
+        if not extrapolate:
+            return top
+        if len(sizes) == 1:
+            return top * batch / sizes[0]
+        lo, hi = sizes[-2], sizes[-1]
+        return max(top, top + (top - value(lo)) / (hi - lo) * (batch - hi))
+    at = bisect.bisect_left(sizes, batch)
+    lo, hi = sizes[at - 1], sizes[at]
+    low = value(lo)
+    return low + (value(hi) - low) / (hi - lo) * (batch - lo)
 
 
 class StepCosts:
@@ -164,18 +173,31 @@ class StepCosts:
     before serving, from cycles at two contexts (eagle_fx.serving.cost_probe); base_k(B) (a SizeCosts
     per k) is what each measured cycle costs less its keys' share, kept current in service. Without
     a slope for k (nothing measured at two contexts), keys cost nothing and base_k is the cycle.
-    Both are the probe's numbers at first, and the probe is off from service by a common factor
-    (`scale`, kept current by the cycles in service where it measured): a probe base stands times
-    scale until service replaces it, and a key costs scale x slope throughout (the slope unscaled
-    overpriced what a probed base did not: at 64 rows, where service ran 0.66x the probe, a k = 3
-    cycle of 30720 keys was priced 82.6 ms and took 58.4, a k = 0 cycle 28.1 and took 20.3)."""
+    Both are the probe's numbers at first, and the probe is off from service by a factor
+    (scale_for(k): the median of k's recent service / probe ratios once MIN_SERVICE of its cycles
+    are measured, before that `scale`, every k's): a probe base stands times the factor until
+    service replaces it, and a key costs factor x slope throughout (the slope unscaled overpriced
+    what a probed base did not: at 64 rows, where service ran 0.66x the probe, a k = 3 cycle of
+    30720 keys was priced 82.6 ms and took 58.4, a k = 0 cycle 28.1 and took 20.3). Undisturbed, the
+    probe is off by about one factor for every k; a probe disturbed by other work on the machine is
+    off by a factor per k and per size (seen: service at 0.43x the probe, k = 1 priced at twice its
+    service cost at 48-64 rows), and a batch that only passes through a size never holds it for
+    the MIN_SERVICE cycles that replace the probe there: k's own factor, from its cycles at any
+    size, corrects it there."""
 
     def __init__(self, window: int = 5):
         self.window = window
         self._by_k: dict[int, SizeCosts] = {}
         self._slopes: dict[int, SizeCosts] = {}
-        self._ratios: deque = deque(maxlen=32)  # service / probe cost of recent cycles
-        self.scale = 1.0  # what the probe's costs are multiplied by: the median of _ratios
+        self._ratios: deque = deque(maxlen=32)  # service / probe cost of recent cycles, every k's
+        self._ratios_by_k: dict[int, deque] = {}  # the same, per k
+        self._scales: dict[int, float] = {}  # per k: the median of its ratios, once MIN_SERVICE
+        self.scale = 1.0  # what the probe's costs are multiplied by (every k's): the median of _ratios
+
+    def scale_for(self, k: int) -> float:
+        """What the probe's costs at k are multiplied by: the median of k's last ratios of service to
+        probe, once MIN_SERVICE; before that every k's (`scale`)."""
+        return self._scales.get(k, self.scale)
 
     def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
         self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
@@ -188,22 +210,26 @@ class StepCosts:
         return slopes.cost(batch) if slopes else 0.0
 
     def observe(self, k: int, batch: int, seconds: float, keys: int = 0, prior: bool = False) -> None:
-        """One cycle's seconds. prior=True: the startup probe's. A cycle in service where the probe
-        measured also updates the ratio of service to probe costs (the median of the last few: this
-        cycle's seconds over the probe's whole cycle at its keys, base + slope x keys), which scales
-        every probe cost not yet replaced and the probe's seconds per key everywhere (the probe runs
-        short bursts of cycles on dummy tokens, outside the engine's bookkeeping: its costs, the
-        keys' share included, are off by a common factor more than by k)."""
+        """One cycle's seconds. prior=True: the startup probe's. A cycle in service at k, when the
+        probe measured k, also updates the ratio of service to probe costs (this cycle's seconds over
+        the probe's whole cycle at its size and keys, base + slope x keys, its base interpolated
+        between the sizes it measured), every k's and k's own, which scale every probe cost not yet
+        replaced and the probe's seconds per key everywhere (the probe runs short bursts of cycles on
+        dummy tokens, outside the engine's bookkeeping: its costs, the keys' share included, are off)."""
         sizes = self._by_k.setdefault(k, SizeCosts(self.window))
         slope, before = self.slope(k, batch), sizes.prior(batch)
         if not prior and before is not None and before + slope * keys > 0:
-            self._ratios.append(seconds / (before + slope * keys))
+            ratio, own = seconds / (before + slope * keys), self._ratios_by_k.setdefault(k, deque(maxlen=32))
+            self._ratios.append(ratio)
+            own.append(ratio)
             self.scale = statistics.median(self._ratios)
-        sizes.observe(batch, seconds - (1.0 if prior else self.scale) * slope * keys, prior)
+            if len(own) >= MIN_SERVICE:
+                self._scales[k] = statistics.median(own)
+        sizes.observe(batch, seconds - (1.0 if prior else self.scale_for(k)) * slope * keys, prior)
 
     def measured(self) -> dict[int, dict[int, float]]:
         """base_k(B) per k and batch size (the cycle's seconds at no keys)."""
-        return {k: sizes.measured(self.scale) for k, sizes in sorted(self._by_k.items())}
+        return {k: sizes.measured(self.scale_for(k)) for k, sizes in sorted(self._by_k.items())}
 
     def slopes(self) -> dict[int, dict[int, float]]:
         return {k: sizes.measured() for k, sizes in sorted(self._slopes.items())}
@@ -215,7 +241,8 @@ class StepCosts:
             if default is not None:
                 return default
             raise KeyError(f"no cost measured for k={k}")
-        return max(self._by_k[k].cost(batch, self.scale) + self.scale * self.slope(k, batch) * keys, 0.0)
+        scale = self.scale_for(k)
+        return max(self._by_k[k].cost(batch, scale) + scale * self.slope(k, batch) * keys, 0.0)
 
 
 class Exploration:

@@ -293,6 +293,31 @@ def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
         assert costs.cost(3, 16, keys=keys) == pytest.approx(factor * (probe_base(3, 16) + probe_slope(3, 16) * keys))
 
 
+def test_a_k_the_probe_mispriced_is_corrected_by_its_cycles_at_sizes_the_probe_did_not_measure():
+    """A probe disturbed by other work on the machine is off by a factor of its own at one k (seen: k = 1
+    priced at twice its service cost at 48-64 rows, while k = 0 ran there at its price). Service runs
+    that k only at sizes the batch passes through (56-63, once each: never the MIN_SERVICE cycles that
+    replace the probe at a size, never the probe's own 64): k's factor, taken from those cycles against
+    the probe interpolated at their sizes, prices it right at 64; a k that ran nowhere keeps every k's
+    factor, and so does the cost-per-key share of each."""
+    def true(k, b):
+        return 1e-3 * (1.0 + 0.3 * b * (k + 1))
+
+    off = {0: 1.0, 1: 2.0, 3: 1.0}  # the probe's error per k
+    costs = StepCosts()
+    for k, b, _ in itertools.product([0, 1, 3], [1, 2, 4, 8, 16, 32, 64], range(3)):
+        costs.observe(k, b, off[k] * true(k, b), prior=True)
+    for _ in range(10):  # k = 0 at 64 rows, at its price
+        costs.observe(0, 64, true(0, 64))
+    assert costs.scale == pytest.approx(1.0) and costs.cost(1, 64) == pytest.approx(2.0 * true(1, 64))
+    for b in (56, 59, 61, 63, 57):
+        costs.observe(1, b, true(1, b))
+    assert costs.scale_for(1) == pytest.approx(0.5) and costs.scale == pytest.approx(1.0)
+    for b in (1, 16, 48, 64):
+        assert costs.cost(1, b) == pytest.approx(true(1, b))
+        assert costs.cost(3, b) == pytest.approx(true(3, b)) and costs.cost(0, b) == pytest.approx(true(0, b))
+
+
 def test_choose_k_prices_the_keys_each_cycle_reads():
     """Long contexts make every cycle dearer by the keys its rows read, which speculation amortises
     over more tokens: the choice is the brute force's over costs that include them, and a batch
