@@ -298,8 +298,8 @@ def test_a_k_the_probe_mispriced_is_corrected_by_its_cycles_at_sizes_the_probe_d
     priced at twice its service cost at 48-64 rows, while k = 0 ran there at its price). Service runs
     that k only at sizes the batch passes through (56-63, once each: never the MIN_SERVICE cycles that
     replace the probe at a size, never the probe's own 64): k's factor, taken from those cycles against
-    the probe interpolated at their sizes, prices it right at 64; a k that ran nowhere keeps every k's
-    factor, and so does the cost-per-key share of each."""
+    the probe interpolated at their sizes, prices it right at 64 (and everywhere); a k without MIN_SERVICE
+    cycles of its own keeps every k's factor."""
     def true(k, b):
         return 1e-3 * (1.0 + 0.3 * b * (k + 1))
 
