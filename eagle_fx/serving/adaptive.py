@@ -105,11 +105,14 @@ class SizeCosts:
         self._sizes: list[int] = []  # every measured size, sorted
         self._service: dict[int, float] = {}  # a size's median in service, where it stands for the size
         self._prior_median: dict[int, float] = {}
+        self._prior_sizes: list[int] = []  # the sizes the probe measured, sorted
 
     def observe(self, batch: int, seconds: float, prior: bool = False) -> None:
         if batch not in self._recent and batch not in self._prior:
             bisect.insort(self._sizes, batch)
         if prior:
+            if batch not in self._prior:
+                bisect.insort(self._prior_sizes, batch)
             self._prior.setdefault(batch, []).append(seconds)
             self._prior_median[batch] = statistics.median(self._prior[batch])
         else:
@@ -127,8 +130,9 @@ class SizeCosts:
         """The probe's cost at this size: its median where it measured, else interpolated linearly
         between the nearest sizes it measured (held at the nearest outside them); None if it measured
         nothing."""
-        sizes = sorted(self._prior_median)
-        return _interpolated(sizes, self._prior_median.__getitem__, batch, extrapolate=False) if sizes else None
+        if not self._prior_sizes:
+            return None
+        return _interpolated(self._prior_sizes, self._prior_median.__getitem__, batch, extrapolate=False)
 
     def _value(self, batch: int, scale: float) -> float:
         service = self._service.get(batch)
