@@ -252,29 +252,30 @@ class StepCosts:
 class Exploration:
     """Which k re-measures when: a k not run at the batch's size bucket (size_bucket) for `every`
     decisions there (a k never run there: for every / FIRST_EXPLORATION) runs EXPLORATION_CYCLES
-    cycles in a row while the batch keeps its bucket, so that a noisy or stale cost does not keep it
-    out for good. The engine measures a cycle only when its k also ran in the step before: the first
-    cycle after a switch costs 20-30% more on a CPU (its weights and code out of cache), and measured,
-    it priced an exploration's k partly by that switch, so whichever k ran before kept winning; of an
-    exploration's cycles the first settles and MIN_SERVICE are measured. Decisions are counted per
-    bucket."""
+    cycles in a row, so that a noisy or stale cost does not keep it out for good. The engine measures
+    a cycle only when its k also ran in the step before: the first cycle after a switch costs 20-30%
+    more on a CPU (its weights and code out of cache), and measured, it priced an exploration's k
+    partly by that switch, so whichever k ran before kept winning; of an exploration's cycles the first
+    settles and MIN_SERVICE are measured. Decisions are counted per bucket. An exploration goes on when
+    the batch changes bucket meanwhile (its cycles there are measured at their own sizes and correct the
+    k's probe factor, StepCosts.scale_for): ended by the change, as it was, one at 48-64 rows, where the
+    batch moves between buckets every few cycles, ran only its unmeasured first cycle, learnt nothing,
+    and counted as the k's run there for `every` more decisions."""
 
     def __init__(self, ks: list[int], every: int):
         self.ks, self.every = ks, every
         self._decisions: dict[int, int] = {}  # per bucket
         self._last_run: dict[tuple[int, int], int] = {}  # (k, bucket): the bucket's decisions when k last ran there
-        self._current: tuple[int, int, int] | None = None  # (k, bucket, cycles left) of one under way
+        self._current: tuple[int, int] | None = None  # (k, cycles left) of one under way
 
     def continuing(self, size: int) -> int | None:
-        """Count a decision at `size`; the k of the exploration under way, if it is at this bucket (one
-        cut short by a change of bucket is over)."""
+        """Count a decision at `size`; the k of the exploration under way, if one is (at any bucket)."""
         at = size_bucket(size)
         self._decisions[at] = self._decisions.get(at, 0) + 1
-        current, self._current = self._current, None
-        if current is None or current[1] != at:
+        if self._current is None:
             return None
-        k, bucket, left = current
-        self._current = (k, bucket, left - 1) if left > 1 else None
+        k, left = self._current
+        self._current = (k, left - 1) if left > 1 else None
         return k
 
     def due(self, size: int, eligible) -> int | None:
@@ -286,7 +287,7 @@ class Exploration:
         last = {k: self._last_run.setdefault((k, at), first) for k in self.ks}
         for k in self.ks:
             if seen - last[k] >= self.every and eligible(k):
-                self._current = (k, at, EXPLORATION_CYCLES - 1)
+                self._current = (k, EXPLORATION_CYCLES - 1)
                 return k
         return None
 

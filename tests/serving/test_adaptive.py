@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from eagle_fx.serving.adaptive import (DECAY, HYSTERESIS, MIN_SERVICE, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance,
-                                       CollapseWatch, SizeCosts, StepCosts, choose_k, expected_tokens,
-                                       size_bucket)
+from eagle_fx.serving.adaptive import (DECAY, EXPLORATION_CYCLES, FIRST_EXPLORATION, HYSTERESIS, MIN_SERVICE,
+                                       PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, CollapseWatch, Exploration,
+                                       SizeCosts, StepCosts, choose_k, expected_tokens, size_bucket)
 
 
 def test_expected_tokens_is_the_mean_of_simulated_cycles():
@@ -405,6 +405,36 @@ def test_size_buckets_are_runs_of_sizes_within_a_quarter_of_each_other():
         assert r == list(range(r[0], r[-1] + 1)) and r[-1] < 1.25 * r[0], r
     for p in range(3, 9):  # four buckets per power of two
         assert len({size_bucket(size) for size in range(2 ** p, 2 ** (p + 1))}) == 4
+
+
+def test_an_exploration_runs_all_its_cycles_when_the_batch_changes_bucket():
+    """The batch at 56-64 rows (three buckets) moving every cycle, as at concurrency 64: each
+    exploration runs EXPLORATION_CYCLES cycles in a row, so MIN_SERVICE of them are measured (the first
+    after the switch is not). The engine's loop: continuing(size), else due(size), else k = 3 (the
+    costs' choice); ran(k, size). Ended by a change of bucket, as before, every exploration here ran
+    one cycle. Each starts exactly when due at its bucket: `every` decisions there since the k last ran
+    there (a k never run there: every / FIRST_EXPLORATION)."""
+    every = 16
+    exploration, log = Exploration([0, 3], every), []
+    sizes = itertools.cycle([64, 60, 57, 63, 58, 64, 56])  # buckets 64 | 60-63 | 56-59
+    decisions, last_zero = {}, {}
+    for _ in range(400):
+        size = next(sizes)
+        at = size_bucket(size)
+        decisions[at] = decisions.get(at, 0) + 1
+        k = exploration.continuing(size)
+        if k is None:
+            k = exploration.due(size, lambda k: True)
+            if k is not None:  # starts: due at this bucket
+                assert k == 0
+                assert decisions[at] - last_zero.get(at, 1 + every // FIRST_EXPLORATION - every) == every
+        k = 3 if k is None else k
+        exploration.ran(k, size)
+        if k == 0:
+            last_zero[at] = decisions[at]
+        log.append(k)
+    runs = [len(list(group)) for k, group in itertools.groupby(log) if k == 0]
+    assert len(runs) >= 5 and set(runs) == {EXPLORATION_CYCLES}
 
 
 def test_collapse_needs_a_full_window_below_the_threshold():

@@ -227,9 +227,10 @@ def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair
     a size the batch returns to now and then is explored after explore_every cycles there, not at
     every return (counting every cycle did that: at concurrency 16, where the batch moves between a
     dozen sizes, a fifth of the cycles were explorations), and a k never run at a size after
-    explore_every / FIRST_EXPLORATION. Oracle: at each size, each exploration (a run of k = 0 under
-    frozen costs that price k = 3 best) follows exactly explore_every - 1 cycles at k = 3 there since
-    the last k = 0 there (the first: explore_every / FIRST_EXPLORATION since the first cycle there)."""
+    explore_every / FIRST_EXPLORATION. Oracle: under frozen costs that price k = 3 best every k = 0
+    cycle is an exploration's, which runs EXPLORATION_CYCLES cycles in a row (at whatever sizes the batch
+    takes meanwhile); each starts at a size exactly explore_every - 1 cycles at k = 3 there after the
+    last k = 0 there (the first: explore_every / FIRST_EXPLORATION after the first cycle there)."""
     tok, base, _, prompts = pair
     every = 16
     engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=every)
@@ -242,18 +243,24 @@ def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair
     finished, ids = run(engine, schedule)
     for rid, (prompt, params) in zip(ids, [item for step in sorted(schedule) for item in schedule[step]]):
         assert finished[rid].token_ids == hf_greedy(base, prompt, params.max_tokens)
-    explored_after_a_return = False
-    for size in {len(slots) for _, _, slots, _ in engine.log}:
-        at_size = [(step, k) for step, k, slots, _ in engine.log if len(slots) == size]
-        since, need, stretches = 0, every // FIRST_EXPLORATION, 0  # k = 3 cycles since the last k = 0 here
-        for i, (step, k) in enumerate(at_size):
-            stretches += i == 0 or step != at_size[i - 1][0] + 1
-            if k == 0 and (i == 0 or at_size[i - 1][1] != 0):  # an exploration starts: exactly when due
-                assert since == need, (size, at_size)
-                explored_after_a_return |= stretches > 1 and need == every - 1
-                need = every - 1
-            since = 0 if k == 0 else since + 1
-            assert since <= need, (size, at_size)  # (never later than due)
+    explored_after_a_return, since, need, stretches, left, last_step = False, {}, {}, {}, 0, {}
+    for step, k, slots, _ in engine.log:  # since: k = 3 cycles at the size since the last k = 0 there
+        size = len(slots)
+        since.setdefault(size, 0)
+        need.setdefault(size, every // FIRST_EXPLORATION)
+        stretches[size] = stretches.get(size, 0) + (last_step.get(size) != step - 1)
+        last_step[size] = step
+        if k == 0:
+            if not left:  # an exploration starts: exactly when due at this size
+                assert since[size] == need[size], (size, engine.log)
+                explored_after_a_return |= stretches[size] > 1 and need[size] == every - 1
+                left = EXPLORATION_CYCLES
+            left -= 1
+            since[size], need[size] = 0, every - 1
+        else:
+            assert not left, engine.log  # an exploration runs its cycles in a row
+            since[size] += 1
+        assert since[size] <= need[size], (size, engine.log)  # (never later than due)
     assert explored_after_a_return  # the case the count is about happened
     assert engine.metrics()["cycles_by_k"] == {str(k): [k_ for _, k_, _, _ in engine.log].count(k) for k in (0, 3)}
 
