@@ -366,10 +366,10 @@ class Engine:
                 self.running.remove(r)
                 self._finish(r, final=final)
         seconds, keys = time.perf_counter() - started, table.numel() * self.model.options.block_size
-        if k not in self._ks_before:  # the first cycle after a switch: not a price; its seconds and its price counted
+        if masks is None and k not in self._ks_before:  # the first cycle after a switch: not a price; counted
             self.switch_cycles, self.switch_seconds = self.switch_cycles + 1, self.switch_seconds + seconds
             self.switch_priced += self.costs.cost(k, size, seconds, keys)
-        elif masks is None:  # (nor a grammar's cycle)
+        elif masks is None:  # (a grammar's cycle, which pays its masks' host time: neither)
             self.costs.observe(k, size, seconds, keys=keys)
         self._cycle_seconds += seconds
         self.cycles_by_k[k] += 1

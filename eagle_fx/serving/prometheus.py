@@ -34,8 +34,8 @@ SCALARS = (
      "Host seconds the grammar matchers spent filling the masks of those cycles."),
     ("eagle_fx:k_switch_cycles_total", "counter", "switch_cycles_total",
      "Decode cycles whose k did not run in the step before (a switch of k, or the first cycle after a step "
-     "without one): 20-30% slower in the engine alone on a CPU, about their price in a server, and not what "
-     "adaptive speculation prices a k by."),
+     "without one; a grammar's cycles, which pay their masks, not counted): 20-30% slower in the engine alone "
+     "on a CPU, about their price in a server, and not what adaptive speculation prices a k by."),
     ("eagle_fx:k_switch_seconds_total", "counter", "switch_seconds_total", "Seconds those cycles took."),
     ("eagle_fx:k_switch_priced_seconds_total", "counter", "switch_priced_seconds_total",
      "What adaptive speculation priced those cycles at (the difference from k_switch_seconds_total is what "

@@ -2,6 +2,7 @@
 grammar (a JSON schema, a regex, an EBNF grammar, json_object), drafts masked, equals HF greedy
 generate with xgrammar's logits processor for the same compiled grammar (fp32, token for token),
 batched with each other and with a request without a grammar (which equals plain HF greedy)."""
+import itertools
 import json
 
 import pytest
@@ -74,6 +75,34 @@ def test_greedy_under_each_grammar_equals_hf_with_xgrammar_s_logits_processor(pa
     assert engine.metrics()["kv_blocks_used"] == 0
     if speculation == 3:  # speculation stayed on under the grammars, and paid
         assert engine.stats.num_accepted_tokens > 0
+
+
+def test_a_grammar_s_cycles_are_neither_priced_nor_counted_as_switches(pair, model):
+    """A cycle under a grammar pays its masks' host time: it prices no k, and the first cycle after a
+    switch of k, when under a grammar, is not counted with the switches either (it was, priced at its k's
+    unmasked cost). Oracle: k alternating 0 and 3 every step (every cycle a switch), nothing measured (the
+    costs' observe a recorder): requests under a grammar -> no switch cycle and nothing measured; the same
+    requests without one -> every cycle a switch cycle, nothing measured; every output equals HF's."""
+    tok, base, _, prompts = pair
+    for spec in (SPECS["regex"], None):
+        engine = Engine(model, tok, speculation="adaptive", ks=[0, 3], measure=False)
+        observed, turns, cycles = [], itertools.count(), itertools.count()
+        engine.costs.observe = lambda *args, **kwargs: observed.append(args)
+        engine.pick_k = lambda spec_, off: ((0, 3)[next(turns) % 2], False)
+        run_cycle = engine._cycle
+        engine._cycle = lambda k, group, outputs: (next(cycles), run_cycle(k, group, outputs))
+        ids = [engine.add_request(p, SamplingParams(max_tokens=24, response_format=spec)) for p in prompts[:2]]
+        for prompt, out in zip(prompts[:2], finish(engine, ids)):
+            if spec is None:
+                want = base.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                     eos_token_id=EOS, pad_token_id=0)[0, len(prompt):].tolist()
+            else:
+                want = hf_grammar_greedy(base, prompt, engine.grammars.compiled(
+                    SamplingParams(response_format=spec).response_format, frozenset({EOS})), 24, EOS)
+            assert out.token_ids == want
+        ran = next(cycles)
+        assert ran > 4 and observed == []
+        assert engine.metrics()["switch_cycles_total"] == (0 if spec is not None else ran)
 
 
 def test_bad_grammars_are_errors_when_added(pair, model):
