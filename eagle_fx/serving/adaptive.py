@@ -203,6 +203,10 @@ class StepCosts:
         probe, once MIN_SERVICE; before that every k's (`scale`)."""
         return self._scales.get(k, self.scale)
 
+    def has_slope(self, k: int) -> bool:
+        """Whether the probe measured k's seconds per key (cycles at two contexts)."""
+        return k in self._slopes
+
     def set_slope(self, k: int, batch: int, seconds_per_key: float) -> None:
         self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
 
@@ -326,7 +330,7 @@ def speculation_ks(model, speculation: str | int, ks: list[int] | None) -> list[
 def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: tuple[int, bool],
              outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
              keys: tuple[int, int, int] = (0, 0, 0), off_rates: list[list[float]] | None = None,
-             ride_catch_up: float = 0.0) -> tuple[int, bool]:
+             ride_catch_up: float = 0.0, priced=None) -> tuple[int, bool]:
     """(k, ride): the k for the speculating requests (their acceptance rates `spec_rates`), and whether
     the `num_off` requests with speculation off ride in their cycle (drafting too, at their own recent
     acceptance `off_rates`; None: they cannot) rather than run a k=0 cycle of their own beside it (a
@@ -338,20 +342,22 @@ def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num
     ride_catch_up: the same when the off requests ride), paid once for the `remaining` output tokens
     the running requests have left: a k > 0 rate r becomes remaining / (catch_up + remaining / r). The
     current choice is kept unless another is HYSTERESIS faster. keys: the keys per layer that the
-    speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts)."""
+    speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts).
+    priced(k, which): the seconds at k of the speculating requests (which = 0), the others (1) or all
+    (2), when they run as several cycles (eagle_fx.serving.length_groups); default one cycle each."""
     total = len(spec_rates) + num_off
-    spec_keys, off_keys, all_keys = keys
+    sizes = (len(spec_rates), num_off, total)
+    priced = priced or (lambda k, which: costs.cost(k, sizes[which], keys=keys[which]))
     fixed = outside.cost(total) if outside else 0.0
 
     def rate(k: int, ride: bool) -> float:
         if k == 0 or not spec_rates:
-            return total / (costs.cost(0, total, keys=all_keys) + fixed)
+            return total / (priced(0, 2) + fixed)
         if ride:
-            seconds = costs.cost(k, total, keys=all_keys) + fixed
+            seconds = priced(k, 2) + fixed
             tokens = sum(expected_tokens(r, k) for r in spec_rates + off_rates)
         else:
-            seconds = (costs.cost(k, len(spec_rates), keys=spec_keys) + fixed
-                       + (costs.cost(0, num_off, keys=off_keys) if num_off else 0.0))
+            seconds = priced(k, 0) + fixed + (priced(0, 1) if num_off else 0.0)
             tokens = sum(expected_tokens(r, k) for r in spec_rates) + num_off
         tokens_per_second = tokens / seconds
         return tokens_per_second / (1.0 + (ride_catch_up if ride else catch_up) * tokens_per_second

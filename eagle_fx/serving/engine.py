@@ -10,11 +10,12 @@ while a slot (a row of the model's max_batch_size) and KV blocks for prompt + ma
 (blocks are reserved up front, so a running request never runs out of them and nothing is ever
 preempted; a request that does not fit waits, and every later one waits behind it); then one
 prefill chunk of the oldest admitted group (chunked prefill, prefix caching: the model's options),
-and one decode cycle of every running request. A request joins the running batch when its prefill
-is done and leaves it when it stops (eos, a stop token or string, max_tokens, abort); its blocks
-go back at once (its full blocks into the prefix cache when caching). Each request keeps its slot
-for life: its row of the engine's device buffers (pending token, committed length, the draft's last
-outputs, block table) and of a KV-sharing draft's ring.
+and one decode cycle of every running request (several, of like context lengths, where the measured
+prices say so: eagle_fx.serving.length_groups). A request joins the running batch when its prefill is
+done and leaves it when it stops (eos, a stop token or string, max_tokens, abort); its blocks go back
+at once (its full blocks into the prefix cache when caching). Each request keeps its slot for life:
+its row of the engine's device buffers (pending token, committed length, the draft's last outputs,
+block table) and of a KV-sharing draft's ring.
 
 Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among `ks`
 (default 0, 1 and the model's k) from measured cycle costs and the requests' recent acceptance; a
@@ -47,6 +48,7 @@ from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
+from eagle_fx.serving.length_groups import grouped_cost, length_groups
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
@@ -56,14 +58,16 @@ class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
                  resume_window: int = 128, measure: bool = True, call: GenerateCall | None = None,
-                 admission: str = "continuous", explore_every: int = 200):
+                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = True):
         """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
         run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
-        or stale cost does not keep it out (its service cost replaces it)."""
+        or stale cost does not keep it out (its service cost replaces it). split_by_length: a step's batch runs as
+        cycles of like context lengths where the measured prices say that is cheaper (length_groups; the probe
+        then runs at a fixed k too)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission
@@ -74,6 +78,7 @@ class Engine:
         k_max, ks = model.num_spec_tokens, speculation_ks(model, speculation, ks)
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
         self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every)
+        self.split_by_length = split_by_length and not model.static_steps
         self._ks_before, self._ks_now = set(), set()  # the ks of the last step's cycles, and of this one's
         # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
         self.cycles = {k: model.chain_cycle if k == k_max else model.chain_cycle_for(k) for k in ks}
@@ -113,7 +118,7 @@ class Engine:
         self.prompt_tokens = self.generation_tokens = 0
         self.switch_cycles, self.switch_seconds, self.switch_priced, self.catch_up_seconds = 0, 0.0, 0.0, 0.0
         self._ids, self._warned_collapse = itertools.count(), False
-        if self.adaptive and measure:
+        if measure and (self.adaptive or self.split_by_length):
             measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
 
     # ------------------------------------------------------------------ requests
@@ -157,13 +162,8 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running or self.aborted)
 
-    @property
-    def num_running(self) -> int:
-        return len(self.running) + sum(len(group[0]) for group in self.prefilling)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
+    num_running = property(lambda self: len(self.running) + sum(len(group[0]) for group in self.prefilling))
+    num_waiting = property(lambda self: len(self.waiting))
 
     # ------------------------------------------------------------------ one step
     @torch.no_grad()
@@ -212,8 +212,7 @@ class Engine:
                     raise  # generate(): as before, the error that says what to raise
                 log.warning("eagle_fx serving: request %s aborted: the KV pool's blocks are held outside the "
                             "engine", request.request_id)
-                self.waiting.popleft()
-                request.finish_reason = "abort"
+                self.waiting.popleft().finish_reason = "abort"
                 self.aborted.append(request)
                 continue
             self.waiting.popleft()
@@ -296,7 +295,8 @@ class Engine:
                     behind = [r for r in group if r.draft_upto < r.committed]
                     if behind:
                         self._catch_up(behind)
-                self._cycle(k, group, outputs)
+                for part in length_groups(self, k, group):
+                    self._cycle(k, part, outputs)
 
     def pick_k(self, spec: list[Request], off: list[Request]) -> tuple[int, bool]:
         """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
@@ -317,8 +317,9 @@ class Engine:
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
+        cuts = [length_groups(self, self.ks[-1], g) for g in (spec, off, spec + off)]  # (cut by k_max's prices)
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
-                        catch_up, remaining, keys, off_rates, ride_catch_up)
+                        catch_up, remaining, keys, off_rates, ride_catch_up, lambda k, i: grouped_cost(self, k, cuts[i]))
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -402,8 +403,7 @@ class Engine:
         self.draft_logits[rows[:1]].sum().item()  # (a host read: the call's time, not its launch)
         behind = sum(r.committed - r.draft_upto for r in group)  # (by the power of two at or above: a few sizes)
         self.catch_ups.observe(1 << (behind - 1).bit_length(), seconds := time.perf_counter() - started)
-        self._cycle_seconds += seconds
-        self.catch_up_seconds += seconds
+        self._cycle_seconds, self.catch_up_seconds = self._cycle_seconds + seconds, self.catch_up_seconds + seconds
         for r in group:
             r.draft_upto = r.committed
 
