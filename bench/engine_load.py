@@ -54,6 +54,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
     ap.add_argument("--draft-cost", action="store_true", help='also run "k=0 spec": k=0 on the k=3 pair '
                     "(it prefills the draft), against the draft-less k=0")
+    ap.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
+                    help="every engine's length groups (a step's batch as cycles of like context lengths where priced "
+                         "cheaper; eagle_fx.serving.length_groups)")
     ap.add_argument("--out", default="engine_load.json", help="JSON results")
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -134,7 +137,8 @@ def main(argv=None) -> int:
     from eagle_fx.serving.engine import Engine
 
     log(f"engine load: concurrency {args.concurrency}, {args.repeats} interleaved repeats, backend {args.backend}, "
-        f"lengths {args.min_tokens}..{args.max_tokens}, torch threads {torch.get_num_threads()}")
+        f"lengths {args.min_tokens}..{args.max_tokens}, length groups {'on' if args.split_by_length else 'off'}, "
+        f"torch threads {torch.get_num_threads()}")
     tok, base, draft = load_pair(*pair_dirs())
     prompts = held_out_prompts(tok, args.num_prompts, args.max_prompt_len)
     refs = hf_greedy(base, prompts, args.max_tokens)
@@ -142,9 +146,11 @@ def main(argv=None) -> int:
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
-    engines = {"adaptive": Engine(model, tok, "adaptive"), "k=3": Engine(model, tok, 3), "k=0": Engine(plain, tok, 0)}
+    split = dict(split_by_length=args.split_by_length)
+    engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
+               "k=0": Engine(plain, tok, 0, **split)}
     if args.draft_cost:
-        engines["k=0 spec"] = Engine(model, tok, 0)
+        engines["k=0 spec"] = Engine(model, tok, 0, **split)
     settings = list(engines)
     timers = {name: Timed(engine) for name, engine in engines.items()}
     log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")

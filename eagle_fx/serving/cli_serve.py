@@ -36,6 +36,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="continuous: a request joins the running batch as soon as a slot and KV blocks are "
                              "free; waves: requests are admitted only when nothing runs, up to --max-batch-size at "
                              "once (the old wave runtime's policy, a baseline)")
+    parser.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
+                        help="run a step's batch as decode cycles of like context lengths where the cycle costs "
+                             "measured at startup say that is cheaper (a cycle reads every row's keys as wide as its "
+                             "longest row's; measured in a closed loop: 0.98-1.17x with a tenth of the prompts long, 0.92-1.11x "
+                             "with short ones only); "
+                             "default one cycle of every running request per step")
     parser.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together at most")
     parser.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request at most")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -109,12 +115,13 @@ def run(args) -> None:
         spec = f"speculation {speculation}" + ((f", k in {ks}" if ks else f", k in {sorted({0, min(1, args.num_spec_tokens), args.num_spec_tokens})}")
                                                if speculation == "adaptive" else "")
         print(f"eagle-fx serve: ready on http://{host}:{port} (model {model_name}, backend {args.backend}, {spec}, "
-              f"admission {args.admission}, max batch {args.max_batch_size}, max seq len {args.max_seq_len}, "
+              f"admission {args.admission}, length groups {'on' if args.split_by_length else 'off'}, "
+              f"max batch {args.max_batch_size}, max seq len {args.max_seq_len}, "
               f"prefix caching "
               f"{'on' if args.prefix_caching else 'off'})", file=sys.stderr, flush=True)
 
     serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
           log_level=args.log_level, on_ready=ready,
           ks=adaptive_ks(args) if speculation == "adaptive" else None, admission=args.admission,
-          warm_up_structured=args.warm_up_structured)  # returns after SIGINT / SIGTERM, once shut down
+          warm_up_structured=args.warm_up_structured, split_by_length=args.split_by_length)  # returns after a signal
     print("eagle-fx serve: stopped", file=sys.stderr, flush=True)

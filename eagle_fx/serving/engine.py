@@ -10,8 +10,8 @@ while a slot (a row of the model's max_batch_size) and KV blocks for prompt + ma
 (blocks are reserved up front, so a running request never runs out of them and nothing is ever
 preempted; a request that does not fit waits, and every later one waits behind it); then one
 prefill chunk of the oldest admitted group (chunked prefill, prefix caching: the model's options),
-and one decode cycle of every running request (several, of like context lengths, where the measured
-prices say so: eagle_fx.serving.length_groups). A request joins the running batch when its prefill is
+and one decode cycle of every running request (split_by_length=True: several, of like context lengths,
+where the measured prices say so: eagle_fx.serving.length_groups). A request joins the running batch when its prefill is
 done and leaves it when it stops (eos, a stop token or string, max_tokens, abort); its blocks go back
 at once (its full blocks into the prefix cache when caching). Each request keeps its slot for life:
 its row of the engine's device buffers (pending token, committed length, the draft's last outputs,
@@ -58,16 +58,16 @@ class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
                  resume_window: int = 128, measure: bool = True, call: GenerateCall | None = None,
-                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = True):
+                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = False):
         """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
         run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
-        or stale cost does not keep it out (its service cost replaces it). split_by_length: a step's batch runs as
-        cycles of like context lengths where the measured prices say that is cheaper (length_groups; the probe
-        then runs at a fixed k too)."""
+        or stale cost does not keep it out (its service cost replaces it). split_by_length (opt-in): a step's batch
+        runs as cycles of like context lengths where the measured prices say that is cheaper (length_groups;
+        the probe then runs at a fixed k too)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission
@@ -102,8 +102,7 @@ class Engine:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.aborted: list[Request] = []
-        self.call = call
-        self.stats = call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
+        self.call, self.stats = call, call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
         self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
         self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output
@@ -297,6 +296,7 @@ class Engine:
                         self._catch_up(behind)
                 for part in length_groups(self, k, group):
                     self._cycle(k, part, outputs)
+                self.exploration.ran(k, len(group))  # (at the decision's size, whatever cycles it ran as)
 
     def pick_k(self, spec: list[Request], off: list[Request]) -> tuple[int, bool]:
         """(k, ride): the k of this step's cycle of the speculating requests `spec`, and whether those
@@ -317,7 +317,8 @@ class Engine:
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
-        cuts = [length_groups(self, self.ks[-1], g) for g in (spec, off, spec + off)]  # (cut by k_max's prices)
+        every = length_groups(self, self.ks[-1], spec + off)  # (cut by k_max's prices)
+        cuts = [length_groups(self, self.ks[-1], spec) if off else every, length_groups(self, self.ks[-1], off), every]
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
                         catch_up, remaining, keys, off_rates, ride_catch_up, lambda k, i: grouped_cost(self, k, cuts[i]))
 
@@ -367,7 +368,7 @@ class Engine:
                 self.running.remove(r)
                 self._finish(r, final=final)
         seconds, keys = time.perf_counter() - started, table.numel() * self.model.options.block_size
-        if masks is None and k not in self._ks_before:  # the first cycle after a switch: not a price; counted
+        if masks is None and k not in self._ks_before | self._ks_now:  # the first after a switch: not a price
             self.switch_cycles, self.switch_seconds = self.switch_cycles + 1, self.switch_seconds + seconds
             self.switch_priced += self.costs.cost(k, size, seconds, keys)
         elif masks is None:  # (a grammar's cycle, which pays its masks' host time: neither)
@@ -375,7 +376,6 @@ class Engine:
         self._cycle_seconds += seconds
         self.cycles_by_k[k] += 1
         self._ks_now.add(k)
-        self.exploration.ran(k, size)
 
     def _record(self, r: Request, k: int, a: int) -> None:
         """A cycle's drafts of r: counted, and r's acceptance updated. A request riding with speculation

@@ -7,7 +7,7 @@ import pytest
 
 from eagle_fx.serving import SamplingParams
 from eagle_fx.serving.adaptive import StepCosts, choose_k
-from eagle_fx.serving.length_groups import MIN_SAVING, cut_by_width
+from eagle_fx.serving.length_groups import MAX_CUTS, MIN_SAVING, cut_by_width
 
 from .test_engine import Logged, hf_greedy, model, pair, run  # noqa: F401 (fixtures)
 
@@ -66,6 +66,19 @@ def test_the_measured_batches_cut_as_measured():
     assert cut_by_width(widths, price(widths)) == [(0, 4)]
 
 
+def test_with_more_width_changes_than_max_cuts_the_largest_steps_are_candidates():
+    """40 distinct widths of short rows and 4 rows four times wider: only MAX_CUTS places are priced (the
+    largest steps of width), the step to the long rows among them, and the cut in two lands there (as
+    brute force over every place says)."""
+    widths = list(range(1, 41)) + [160] * 4
+    price = cycle_price(3.0, 0.3, 0.05)(widths)
+    calls = []
+    spans = cut_by_width(widths, lambda lo, hi: calls.append((lo, hi)) or price(lo, hi), max_groups=2)
+    brute = min(range(1, len(widths)), key=lambda c: price(0, c) + price(c, len(widths)))
+    assert spans == [(0, brute), (brute, len(widths))] and brute == 40
+    assert len({c for lo, hi in calls for c in (lo, hi)} - {0, len(widths)}) == MAX_CUTS
+
+
 def test_choose_k_prices_a_k_by_its_length_groups_when_given():
     """priced(k, which) replaces one cycle's price: k = 3 priced as one cycle loses to k = 0, priced
     as its (cheaper) groups it wins."""
@@ -111,4 +124,5 @@ def test_the_engine_runs_length_groups_as_cycles_of_their_own_and_every_output_i
                 assert flat == sorted(flat)
         else:
             assert all(len(cycles) == 1 for cycles in by_step.values())
-    assert Logged(model, tok, speculation=3).costs.has_slope(3)
+    assert Logged(model, tok, speculation=3, split_by_length=True).costs.has_slope(3)
+    assert not Logged(model, tok, speculation=3).costs.has_slope(3)  # (off by default: no probe at a fixed k)

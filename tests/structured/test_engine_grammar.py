@@ -186,7 +186,7 @@ def test_compiling_the_grammar_cycles_first_leaves_nothing_to_trace_for_structur
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=2, max_seq_len=512)
     model.chain_cycle, traced = traced_chain_cycle(model, 3)
     engine = Engine(model, tok, speculation=3)
-    probed = len(traced)  # (the cost probe's unmasked cycles, for length groups)
+    probed = len(traced)  # (a cost probe's unmasked cycles, if one ran)
     compile_grammar_cycles(engine)
     assert len(traced) == probed + 2 and engine.metrics()["kv_blocks_used"] == 0  # one sequence, and several
     spec = SPECS["ebnf"]
