@@ -39,9 +39,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
                         help="run a step's batch as decode cycles of like context lengths where the cycle costs "
                              "measured at startup say that is cheaper (a cycle reads every row's keys as wide as its "
-                             "longest row's; measured in a closed loop: 0.98-1.17x with a tenth of the prompts long, 0.92-1.11x "
-                             "with short ones only); "
-                             "default one cycle of every running request per step")
+                             "longest row's; measured in a closed loop: 0.98-1.17x with a tenth of the prompts "
+                             "long, 0.92-1.11x with short ones only); default one cycle of every running request "
+                             "per step")
     parser.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together at most")
     parser.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request at most")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,

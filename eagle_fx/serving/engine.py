@@ -10,12 +10,12 @@ while a slot (a row of the model's max_batch_size) and KV blocks for prompt + ma
 (blocks are reserved up front, so a running request never runs out of them and nothing is ever
 preempted; a request that does not fit waits, and every later one waits behind it); then one
 prefill chunk of the oldest admitted group (chunked prefill, prefix caching: the model's options),
-and one decode cycle of every running request (split_by_length=True: several, of like context lengths,
-where the measured prices say so: eagle_fx.serving.length_groups). A request joins the running batch when its prefill is
-done and leaves it when it stops (eos, a stop token or string, max_tokens, abort); its blocks go back
-at once (its full blocks into the prefix cache when caching). Each request keeps its slot for life:
-its row of the engine's device buffers (pending token, committed length, the draft's last outputs,
-block table) and of a KV-sharing draft's ring.
+and one decode cycle of every running request (split_by_length=True: several, of like context
+lengths, where the measured prices say so: eagle_fx.serving.length_groups). A request joins the
+running batch when its prefill is done and leaves it when it stops (eos, a stop token or string,
+max_tokens, abort); its blocks go back at once (its full blocks into the prefix cache when caching).
+Each request keeps its slot for life: its row of the engine's device buffers (pending token,
+committed length, the draft's last outputs, block table) and of a KV-sharing draft's ring.
 
 Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step picks k among `ks`
 (default 0, 1 and the model's k) from measured cycle costs and the requests' recent acceptance; a
@@ -48,7 +48,7 @@ from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
-from eagle_fx.serving.length_groups import grouped_cost, length_groups
+from eagle_fx.serving.length_groups import choice_cuts, grouped_cost, length_groups
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
@@ -317,10 +317,10 @@ class Engine:
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
-        every = length_groups(self, self.ks[-1], spec + off)  # (cut by k_max's prices)
-        cuts = [length_groups(self, self.ks[-1], spec) if off else every, length_groups(self, self.ks[-1], off), every]
+        cuts = choice_cuts(self, spec, off)
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
-                        catch_up, remaining, keys, off_rates, ride_catch_up, lambda k, i: grouped_cost(self, k, cuts[i]))
+                        catch_up, remaining, keys, off_rates, ride_catch_up,
+                        lambda k, which: grouped_cost(self, k, cuts[which]))
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""

@@ -82,3 +82,10 @@ def grouped_cost(engine, k: int, groups: list[list]) -> float:
     block_size = engine.model.options.block_size
     return sum(engine.costs.cost(k, len(g), keys=len(g) * decode_width(engine.model, max(r.committed for r in g))
                                  * block_size) for g in groups if g)
+
+
+def choice_cuts(engine, spec: list, off: list) -> list[list[list]]:
+    """The cuts choose_k prices each k by: of the speculating requests, of the others and of all of them
+    (cut by the largest k's prices, the same cut for every k)."""
+    every = length_groups(engine, engine.ks[-1], spec + off)
+    return [length_groups(engine, engine.ks[-1], spec) if off else every, length_groups(engine, engine.ks[-1], off), every]
