@@ -48,7 +48,7 @@ from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
-from eagle_fx.serving.length_groups import choice_cuts, grouped_cost, length_groups
+from eagle_fx.serving.length_groups import choice_prices, length_groups
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
@@ -317,10 +317,8 @@ class Engine:
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
-        cuts = choice_cuts(self, spec, off)
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
-                        catch_up, remaining, keys, off_rates, ride_catch_up,
-                        lambda k, which: grouped_cost(self, k, cuts[which]))
+                        catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off))
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""

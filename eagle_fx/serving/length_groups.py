@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from eagle_fx.runtime.scheduler import decode_width
+from eagle_fx.serving.cost_probe import cycle_keys
 
 MAX_GROUPS = 4  # cycles a step's batch is cut into, at most
 MAX_CUTS = 12  # places a batch may be cut at, at most (where the width steps up most)
@@ -77,15 +78,13 @@ def length_groups(engine, k: int, requests: list) -> list[list]:
     return [requests[lo:hi] for lo, hi in spans]
 
 
-def grouped_cost(engine, k: int, groups: list[list]) -> float:
-    """Seconds of the cycles at k of `groups` (length_groups' cut), by the engine's prices."""
-    block_size = engine.model.options.block_size
-    return sum(engine.costs.cost(k, len(g), keys=len(g) * decode_width(engine.model, max(r.committed for r in g))
-                                 * block_size) for g in groups if g)
-
-
-def choice_cuts(engine, spec: list, off: list) -> list[list[list]]:
-    """The cuts choose_k prices each k by: of the speculating requests, of the others and of all of them
-    (cut by the largest k's prices, the same cut for every k)."""
+def choice_prices(engine, spec: list, off: list):
+    """choose_k's `priced`: the seconds at k of the speculating requests, the others or all of them as
+    the cycles they would run (each cut by the largest k's prices, the same cut for every k); None when
+    the engine does not split by length (choose_k then prices one cycle each)."""
+    if not engine.split_by_length:
+        return None
     every = length_groups(engine, engine.ks[-1], spec + off)
-    return [length_groups(engine, engine.ks[-1], spec) if off else every, length_groups(engine, engine.ks[-1], off), every]
+    cuts = [length_groups(engine, engine.ks[-1], spec) if off else every, length_groups(engine, engine.ks[-1], off), every]
+    return lambda k, which: sum(engine.costs.cost(k, len(g), keys=cycle_keys(engine.model, [r.committed for r in g]))
+                                for g in cuts[which] if g)

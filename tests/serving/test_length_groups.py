@@ -102,16 +102,20 @@ class Lengths(Logged):
 
 def test_the_engine_runs_length_groups_as_cycles_of_their_own_and_every_output_is_hf_greedy(pair, model):
     """Frozen prices where keys dominate: each step's batch runs as cycles of ascending lengths, some
-    step as several; every output == HF greedy; split_by_length=False runs one cycle per step. A
-    fixed-k engine that splits probes its k's costs at start (its seconds per key included)."""
+    step as several; every output == HF greedy; split_by_length=False runs one cycle per step. The
+    same for adaptive speculation (k = 3 priced cheaper per token than k = 0; it prices each k by the
+    cycles it would run). A fixed-k engine that splits probes its k's costs at start (its seconds
+    per key included)."""
     tok, base, _, prompts = pair
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     batch = [(prompts[i], params) for i in (5, 3, 0, 2)]  # a long prompt, then short ones
-    for split in (True, False):
-        engine = Lengths(model, tok, speculation=3, measure=False, split_by_length=split)
-        for size in (1, 2, 4):
-            engine.costs.set_slope(3, size, 1e-3)
-            engine.costs.observe(3, size, 1e-3 * size, prior=True)
+    for speculation, split in ((3, True), (3, False), ("adaptive", True)):
+        engine = Lengths(model, tok, speculation=speculation, ks=[0, 3] if speculation == "adaptive" else None,
+                         measure=False, split_by_length=split)
+        for k, cost in ((3, 1e-3), (0, 2e-3)):
+            for size in (1, 2, 4):
+                engine.costs.set_slope(k, size, cost)
+                engine.costs.observe(k, size, cost * size, prior=True)
         engine.costs.observe = lambda *args, **kwargs: None
         finished, ids = run(engine, {0: batch})
         for rid, (prompt, _) in zip(ids, batch):
@@ -120,8 +124,10 @@ def test_the_engine_runs_length_groups_as_cycles_of_their_own_and_every_output_i
         if split:
             assert any(len(cycles) > 1 for cycles in by_step.values())
             for cycles in by_step.values():
-                flat = list(itertools.chain(*cycles))
-                assert flat == sorted(flat)
+                assert all(lengths == sorted(lengths) for lengths in cycles)
+                if speculation == 3:  # (one group of requests: its cycles in ascending lengths)
+                    flat = list(itertools.chain(*cycles))
+                    assert flat == sorted(flat)
         else:
             assert all(len(cycles) == 1 for cycles in by_step.values())
     assert Logged(model, tok, speculation=3, split_by_length=True).costs.has_slope(3)
