@@ -11,17 +11,20 @@ C requests in flight (a new one is added as one finishes) until max(--min-reques
 are done: held-out ShareGPT prompts, greedy, ignore_eos, output lengths uniform in
 --min-tokens..--max-tokens (seeded, the same requests for every setting). The settings run
 interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untimed warm-up of each.
+Each round runs the settings back to back, a different one first each round.
 --draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
 as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
 show what speculating costs a request before it decodes.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
-the ratios, the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
+the ratios of the medians and the paired ratios (a setting's tok/s over another's in the same round,
+so that the machine's drift between rounds cancels: their median and a distribution-free 90%
+interval of it, from 5 rounds up), the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
 the speculation-off events by reason (adaptive: "cost", a step that chose k = 0 after one at k > 0, explorations of k = 0 included;
 "acceptance_collapse", a request's acceptance fell below the threshold), and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
 caching is off (a repeat would otherwise reuse the blocks of the one before).
 
-    python bench/engine_load.py                       # about 10 minutes on a 2-core CPU
+    python bench/engine_load.py                       # about 14 minutes on a 2-core CPU
     python bench/engine_load.py --concurrency 1,16 --repeats 3
     python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
 """
@@ -35,7 +38,7 @@ import sys
 import time
 from collections import Counter
 
-from serve_common import held_out_prompts, hf_greedy, log
+from serve_common import held_out_prompts, hf_greedy, log, median_interval
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring)",
@@ -48,7 +51,8 @@ def parse_args(argv=None):
     ap.add_argument("--min-tokens", type=int, default=32, help="output tokens per request: uniform in "
                     "--min-tokens..--max-tokens (ignore_eos)")
     ap.add_argument("--max-tokens", type=int, default=96, help="see --min-tokens")
-    ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds of every setting per point")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds of every setting per point "
+                    "(5 or more for an interval of the paired ratios' median)")
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
@@ -90,6 +94,24 @@ class Timed:
             finally:
                 self.seconds[name] += time.perf_counter() - started
         return timed
+
+
+RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
+CONFIDENCE = 0.9
+
+
+def paired(runs: dict, a: str, b: str) -> dict:
+    """a's tok/s over b's in each round (a drift of the machine between rounds cancels), with the
+    median of those ratios and its distribution-free interval (serve_common.median_interval)."""
+    ratios = [x["tok_s"] / y["tok_s"] for x, y in zip(runs[a], runs[b])]
+    bounds = median_interval(ratios, CONFIDENCE)
+    return {"per_round": ratios, "median": statistics.median(ratios),
+            "interval": None if bounds is None else list(bounds[1:])}
+
+
+def interval_text(ratio: dict) -> str:
+    low_high = ratio["interval"]
+    return f"{ratio['median']:.2f} " + (f"[{low_high[0]:.2f}, {low_high[1]:.2f}]" if low_high else "[n < 5]")
 
 
 def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
@@ -163,7 +185,7 @@ def main(argv=None) -> int:
         requests = requests_for(prompts, n, args, seed=args.seed + c)
         runs = {name: [] for name in settings}
         for rep in range(args.repeats):
-            for name in settings:
+            for name in settings[rep % len(settings):] + settings[:rep % len(settings)]:  # each goes first in turn
                 r = closed_loop(engines[name], timers[name], requests, c)
                 r["exact"] = sum(1 for i, (p, length) in enumerate(requests)
                                  if r["outputs"].get(i) == refs[tuple(p)][:length])
@@ -174,7 +196,8 @@ def main(argv=None) -> int:
                     f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}, speculation-off events {r['off_events']}), "
                     f"greedy-exact {r['exact']}/{n}")
         med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
-        points.append({"concurrency": c, "requests": n, "median_tok_s": med, "runs": runs})
+        ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in RATIOS}
+        points.append({"concurrency": c, "requests": n, "median_tok_s": med, "paired_ratios": ratios, "runs": runs})
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "points": points}, f, indent=2)
     log(f"wrote {args.out}")
@@ -198,6 +221,12 @@ def main(argv=None) -> int:
             print(f"{p['concurrency']:>4} {p['median_tok_s']['k=0 spec'] / p['median_tok_s']['k=0']:>15.2f}  "
                   f"{seconds['prefill_s'][0]:>10.3f} / {seconds['prefill_s'][1]:<10.3f}      "
                   f"{seconds['cycles_s'][0]:>8.3f} / {seconds['cycles_s'][1]:.3f}")
+    print(f"\npaired ratios: per round (the settings' runs back to back, each first in turn), their median "
+          f"[{CONFIDENCE:.0%} interval of the median]")
+    print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>22}" for a, b in RATIOS))
+    for p in points:
+        print(f"{p['concurrency']:>4} " + " ".join(f"{interval_text(p['paired_ratios'][f'{a}/{b}']):>22}"
+                                                  for a, b in RATIOS))
     print(f"medians of {args.repeats} interleaved runs per setting ({args.backend}, lengths {args.min_tokens}.."
           f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
     return 0 if all_exact else 1

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -297,6 +299,23 @@ def percentile(values, q: float) -> float | None:
     at = (len(values) - 1) * q / 100
     lo, hi = int(at), min(int(at) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (at - lo)
+
+
+def median_interval(values, confidence: float = 0.9) -> tuple[float, float, float] | None:
+    """(median, low, high): a distribution-free interval for the median of whatever the values
+    sample: the j-th smallest and j-th largest value, j the largest with P(Binomial(n, 1/2) < j) <=
+    (1 - confidence) / 2 (the median lies outside it only when fewer than j samples fall on one
+    side). None for too few values to bound it (n = 4 at 90%: even the extremes cover 87.5%)."""
+    values, n = sorted(values), len(values)
+    if not n:
+        return None
+    tail, below, j = (1 - confidence) / 2, 0.0, 0
+    while below + math.comb(n, j) / 2 ** n <= tail:  # P(B <= j) still within the tail: j + 1 is safe
+        below += math.comb(n, j) / 2 ** n
+        j += 1
+    if j == 0:
+        return None
+    return statistics.median(values), values[j - 1], values[n - j]
 
 
 def sigterm_as_interrupt() -> None:
