@@ -37,13 +37,11 @@ from collections import deque
 
 import torch
 
-from eagle_fx.runtime.kv_cache import PoolExhausted, WaveBlocks
-from eagle_fx.runtime.prefill import prefill_chunks
 from eagle_fx.runtime.sampling import RowSampler, Sampler
-from eagle_fx.runtime.scheduler import GenerateCall, Wave, decode_columns, enter_draft
-from eagle_fx.runtime.stats import Profiler, SpecDecodeStats
-from eagle_fx.serving.adaptive import (Acceptance, CollapseWatch, Exploration, SizeCosts, StepCosts, choose_k,
-                                       speculation_ks)
+from eagle_fx.runtime.scheduler import GenerateCall, decode_columns
+from eagle_fx.runtime.stats import SpecDecodeStats
+from eagle_fx.serving.adaptive import Acceptance, Exploration, SizeCosts, StepCosts, choose_k, speculation_ks
+from eagle_fx.serving.admission import admit, prefill_step
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
@@ -161,8 +159,14 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running or self.aborted)
 
-    num_running = property(lambda self: len(self.running) + sum(len(group[0]) for group in self.prefilling))
-    num_waiting = property(lambda self: len(self.waiting))
+    @property
+    def num_running(self) -> int:
+        """Requests holding a slot: running, or in prefill."""
+        return len(self.running) + sum(len(group[0]) for group in self.prefilling)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     # ------------------------------------------------------------------ one step
     @torch.no_grad()
@@ -195,85 +199,10 @@ class Engine:
         return outputs
 
     def _admit(self) -> None:
-        options, group = self.model.options, []
-        if self.admission == "waves" and (self.running or self.prefilling):
-            return
-        while self.waiting and self.free_slots:
-            request = self.waiting[0]
-            try:
-                request.blocks = self.kv.admit([request.prompt], [len(request.prompt)], request.params.max_tokens,
-                                               self.model.lookahead, options.prefix_caching, options.prefill_shift)
-            except PoolExhausted:
-                if self.running or self.prefilling or group:
-                    break  # first come, first served: it waits for blocks, and the rest behind it
-                # nothing of this engine holds blocks: they are held outside it and may never come back
-                if self.call is not None:
-                    raise  # generate(): as before, the error that says what to raise
-                log.warning("eagle_fx serving: request %s aborted: the KV pool's blocks are held outside the "
-                            "engine", request.request_id)
-                self.waiting.popleft().finish_reason = "abort"
-                self.aborted.append(request)
-                continue
-            self.waiting.popleft()
-            request.slot = self.free_slots.pop()
-            request.cached = request.blocks.cached_tokens[0]
-            self.tables[request.slot] = request.blocks.block_table[0]
-            group.append(request)
-        if not group:
-            return
-        hits = sum(r.cached for r in group)
-        self.stats.prefix_hit_tokens_base += hits
-        self.stats.prefix_hit_tokens_draft += hits
-        self.stats.prefill_tokens_computed_base += sum(len(r.prompt) for r in group) - hits
-        self.prompt_tokens += sum(len(r.prompt) for r in group)
-        long = dict(dtype=torch.long, device=self.device)
-        blocks = WaveBlocks([r.blocks.rows[0] for r in group], [r.cached for r in group],
-                            torch.cat([r.blocks.block_table for r in group]))
-        prompts = [r.prompt for r in group]
-        wave = Wave(prompts, prompts, prompts, None, blocks, spec_rows=torch.tensor([r.slot for r in group], **long),
-                    first_allowed=self.grammars.first_allowed(group, self.device))
-        call = self.call or GenerateCall(self._sampler(group), self.stats, Profiler(self.stats, False, self.device),
-                                         set(), 1)
-        carry = self.kv.carry_features(blocks, self.model.bootstrap)
-        self.prefilling.append((group, prefill_chunks(self.model, call, wave, carry), wave, call))
+        admit(self)
 
     def _prefill_chunk(self, outputs) -> None:
-        group, chunks, wave, call = self.prefilling[0]
-        try:
-            next(chunks)
-            return
-        except StopIteration as done:
-            first = done.value
-        self.prefilling.pop(0)
-        long = dict(dtype=torch.long, device=self.device)
-        joining = []
-        for i, (request, token) in enumerate(zip(group, first.pending.tolist())):
-            if request.finish_reason == "abort":  # aborted mid-prefill: let go now
-                self._release(request, cache=False)
-                continue
-            request.committed = len(request.prompt)
-            if self._emit(request, [token], outputs):
-                self._finish(request, final=len(request.prompt))
-            else:
-                joining.append(i)
-        if not joining:
-            return
-        rows = torch.tensor(joining, **long)
-        joined = [group[i] for i in joining]
-        slots = torch.tensor([r.slot for r in joined], **long)
-        committed = torch.tensor([len(r.prompt) for r in joined], **long)
-        pending = first.pending[rows]
-        table = self._table(slots, max(len(r.prompt) for r in joined))
-        draft_logits, draft_hidden = enter_draft(self.model, self.profiler, None, first, rows, pending, committed, table, slots)
-        self.pending[slots], self.committed[slots] = pending, committed
-        if self.model.speculates:
-            self.draft_logits[slots], self.draft_hidden[slots] = draft_logits, draft_hidden
-        for r in joined:
-            r.draft_upto = r.committed  # the draft has seen every committed token and the pending one
-            r.speculating, r.off_reason = True, None
-            r.watch = CollapseWatch(self.collapse_window, self.collapse_threshold)
-            r.acceptance = Acceptance(self.acceptance.num_positions)
-            self.running.append(r)
+        prefill_step(self, outputs)
 
     # ------------------------------------------------------------------ decode
     def _decode(self, outputs) -> None:
@@ -367,7 +296,8 @@ class Engine:
                 self._finish(r, final=final)
         seconds, keys = time.perf_counter() - started, table.numel() * self.model.options.block_size
         if masks is None and k not in self._ks_before | self._ks_now:  # the first after a switch: not a price
-            self.switch_cycles, self.switch_seconds = self.switch_cycles + 1, self.switch_seconds + seconds
+            self.switch_cycles += 1
+            self.switch_seconds += seconds
             self.switch_priced += self.costs.cost(k, size, seconds, keys)
         elif masks is None:  # (a grammar's cycle, which pays its masks' host time: neither)
             self.costs.observe(k, size, seconds, keys=keys)
@@ -400,8 +330,10 @@ class Engine:
                                                                           self.tables, self.resume_window)
         self.draft_logits[rows[:1]].sum().item()  # (a host read: the call's time, not its launch)
         behind = sum(r.committed - r.draft_upto for r in group)  # (by the power of two at or above: a few sizes)
-        self.catch_ups.observe(1 << (behind - 1).bit_length(), seconds := time.perf_counter() - started)
-        self._cycle_seconds, self.catch_up_seconds = self._cycle_seconds + seconds, self.catch_up_seconds + seconds
+        seconds = time.perf_counter() - started
+        self.catch_ups.observe(1 << (behind - 1).bit_length(), seconds)
+        self._cycle_seconds += seconds
+        self.catch_up_seconds += seconds
         for r in group:
             r.draft_upto = r.committed
 
