@@ -38,6 +38,7 @@ HYSTERESIS = 1.03  # another k must be this much faster than the current one to 
 MIN_SERVICE = 3  # cycles measured in service that replace the startup probe's cost at a (k, batch size)
 FIRST_EXPLORATION = 8  # a k never run in a size bucket is explored after explore_every / this decisions there
 EXPLORATION_CYCLES = MIN_SERVICE + 1  # an exploration's cycles: the first after the switch settles (not measured)
+KEY_SHARE = 0.5  # a cycle whose keys are this share of its probe price or more measures what a key costs in service
 
 
 def size_bucket(size: int) -> int:
@@ -180,9 +181,13 @@ class StepCosts:
     Both are the probe's numbers at first, and the probe is off from service by a factor
     (scale_for(k): the median of k's recent service / probe ratios once MIN_SERVICE of its cycles
     are measured, before that `scale`, every k's): a probe base stands times the factor until
-    service replaces it, and a key costs factor x slope throughout (the slope unscaled overpriced
-    what a probed base did not: at 64 rows, where service ran 0.66x the probe, a k = 3 cycle of
-    30720 keys was priced 82.6 ms and took 58.4, a k = 0 cycle 28.1 and took 20.3). Undisturbed, the
+    service replaces it. A key costs key_scale x slope: key_scale is the median service / probe ratio
+    of the last cycles whose keys make KEY_SHARE of their probe price or more (once MIN_SERVICE of
+    them; 1 before), not the whole cycles' factor. The slope unscaled overpriced keys where the machine
+    ran faster than at the probe (at 64 rows, service at 0.66x the probe: a k = 3 cycle of 30720 keys
+    priced 82.6 ms took 58.4); scaled by the whole cycles' factor, it overpriced them where service
+    adds host work per cycle and per row that no key pays (its bookkeeping: cycles of 13-37 rows at
+    1.2-1.8x the probe's, and a 64-row cycle of 32-block tables priced 129 ms took 61). Undisturbed, the
     probe is off by about one factor for every k; a probe disturbed by other work on the machine is
     off by a factor per k and per size (seen: service at 0.43x the probe, k = 1 priced at twice its
     service cost at 48-64 rows), and a batch that only passes through a size never holds it for
@@ -197,6 +202,10 @@ class StepCosts:
         self._ratios_by_k: dict[int, deque] = {}  # the same, per k
         self._scales: dict[int, float] = {}  # per k: the median of its ratios, once MIN_SERVICE
         self.scale = 1.0  # what the probe's costs are multiplied by (every k's): the median of _ratios
+        self._key_ratios: deque = deque(maxlen=32)  # the ratios of cycles whose keys are KEY_SHARE of their price
+        # what the probe's seconds per key are multiplied by (every k's): the median of _key_ratios once
+        # MIN_SERVICE, 1 before (see the class)
+        self.key_scale = 1.0
 
     def scale_for(self, k: int) -> float:
         """What the probe's costs at k are multiplied by: the median of k's last ratios of service to
@@ -211,7 +220,7 @@ class StepCosts:
         self._slopes.setdefault(k, SizeCosts(self.window, extrapolate=False)).observe(batch, max(seconds_per_key, 0.0))
 
     def slope(self, k: int, batch: int) -> float:
-        """The probe's seconds per key of a cycle at k of `batch` rows (a cycle's cost counts scale x
+        """The probe's seconds per key of a cycle at k of `batch` rows (a cycle's cost counts key_scale x
         this): interpolated between measured sizes, held at the nearest one outside them; 0 when none
         is measured."""
         slopes = self._slopes.get(k)
@@ -222,8 +231,9 @@ class StepCosts:
         probe measured k, also updates the ratio of service to probe costs (this cycle's seconds over
         the probe's whole cycle at its size and keys, base + slope x keys, its base interpolated
         between the sizes it measured), every k's and k's own, which scale every probe cost not yet
-        replaced and the probe's seconds per key everywhere (the probe runs short bursts of cycles on
-        dummy tokens, outside the engine's bookkeeping: its costs, the keys' share included, are off)."""
+        replaced (the probe runs short bursts of cycles on dummy tokens, outside the engine's
+        bookkeeping: its costs are off); and, when its keys make KEY_SHARE of that price or more,
+        the ratio that scales the probe's seconds per key everywhere (key_scale)."""
         sizes = self._by_k.setdefault(k, SizeCosts(self.window))
         slope, before = self.slope(k, batch), sizes.prior(batch)
         if not prior and before is not None and before + slope * keys > 0:
@@ -233,7 +243,11 @@ class StepCosts:
             self.scale = statistics.median(self._ratios)
             if len(own) >= MIN_SERVICE:
                 self._scales[k] = statistics.median(own)
-        sizes.observe(batch, seconds - (1.0 if prior else self.scale_for(k)) * slope * keys, prior)
+            if slope * keys >= KEY_SHARE * (before + slope * keys):
+                self._key_ratios.append(ratio)
+                if len(self._key_ratios) >= MIN_SERVICE:
+                    self.key_scale = statistics.median(self._key_ratios)
+        sizes.observe(batch, seconds - (1.0 if prior else self.key_scale) * slope * keys, prior)
 
     def measured(self) -> dict[int, dict[int, float]]:
         """base_k(B) per k and batch size (the cycle's seconds at no keys)."""
@@ -249,8 +263,7 @@ class StepCosts:
             if default is not None:
                 return default
             raise KeyError(f"no cost measured for k={k}")
-        scale = self.scale_for(k)
-        return max(self._by_k[k].cost(batch, scale) + scale * self.slope(k, batch) * keys, 0.0)
+        return max(self._by_k[k].cost(batch, self.scale_for(k)) + self.key_scale * self.slope(k, batch) * keys, 0.0)
 
 
 class Exploration:

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from eagle_fx.serving.adaptive import (DECAY, EXPLORATION_CYCLES, FIRST_EXPLORATION, HYSTERESIS, MIN_SERVICE,
+from eagle_fx.serving.adaptive import (DECAY, EXPLORATION_CYCLES, FIRST_EXPLORATION, HYSTERESIS, KEY_SHARE, MIN_SERVICE,
                                        PRIOR_ACCEPTANCE, PRIOR_WEIGHT, Acceptance, CollapseWatch, Exploration,
                                        SizeCosts, StepCosts, choose_k, expected_tokens, size_bucket)
 
@@ -291,6 +291,42 @@ def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
         assert costs.cost(k, b, keys=keys) == pytest.approx(factor * (probe_base(k, b) + probe_slope(k, b) * keys))
     for keys in (16 * 300, 16 * 100, 30720):
         assert costs.cost(3, 16, keys=keys) == pytest.approx(factor * (probe_base(3, 16) + probe_slope(3, 16) * keys))
+
+
+def test_host_work_of_service_does_not_scale_what_a_key_costs():
+    """Service adds host work per cycle and per row that the probe does not run (the engine's
+    bookkeeping): cycles of few keys run at 1.5x the probe's whole cycle, and that factor is not what a
+    key costs. A wide cycle (keys most of its price) is priced at its base in service plus the probe's
+    seconds per key as measured, until cycles whose keys make KEY_SHARE of their price or more measure
+    a factor of their own (a machine slower or faster than at the probe): then keys cost that factor."""
+    def probe_base(k, b):
+        return 1e-3 * (1.0 + 0.2 * b * (k + 1))
+
+    def probe_slope(k, b):
+        return 1e-6 * (1 + k) * (1 + b / 32)
+
+    def host(b):
+        return 1e-3 * (0.5 + 0.25 * b)  # the engine's bookkeeping of a cycle: no key pays it
+
+    costs = StepCosts()
+    for k, b in itertools.product([0, 3], [1, 4, 16, 64]):
+        costs.set_slope(k, b, probe_slope(k, b))
+        for keys in (b * 64, b * 512):
+            costs.observe(k, b, probe_base(k, b) + probe_slope(k, b) * keys, keys=keys, prior=True)
+    for _ in range(5):  # short contexts: keys a small share of the price
+        for b in (16, 64):
+            keys = b * 32
+            assert probe_slope(3, b) * keys < KEY_SHARE * (probe_base(3, b) + probe_slope(3, b) * keys)
+            costs.observe(3, b, probe_base(3, b) + host(b) + probe_slope(3, b) * keys, keys=keys)
+    assert costs.scale > 1.2 and costs.key_scale == 1.0  # (the whole cycles run 1.24x the probe)
+    for b, keys in ((16, 0), (16, 16 * 512), (64, 0), (64, 64 * 512)):
+        assert costs.cost(3, b, keys=keys) == pytest.approx(probe_base(3, b) + host(b) + probe_slope(3, b) * keys)
+    factor = 0.7  # the machine now runs compute at 0.7x the probe's time: wide cycles show it
+    for _ in range(MIN_SERVICE):
+        keys = 64 * 512
+        assert probe_slope(3, 64) * keys >= KEY_SHARE * (probe_base(3, 64) + probe_slope(3, 64) * keys)
+        costs.observe(3, 64, factor * (probe_base(3, 64) + probe_slope(3, 64) * keys), keys=keys)
+    assert costs.key_scale == pytest.approx(factor)
 
 
 def test_a_k_the_probe_mispriced_is_corrected_by_its_cycles_at_sizes_the_probe_did_not_measure():
