@@ -186,8 +186,10 @@ class StepCosts:
     them; 1 before), not the whole cycles' factor. The slope unscaled overpriced keys where the machine
     ran faster than at the probe (at 64 rows, service at 0.66x the probe: a k = 3 cycle of 30720 keys
     priced 82.6 ms took 58.4); scaled by the whole cycles' factor, it overpriced them where service
-    adds host work per cycle and per row that no key pays (its bookkeeping: cycles of 13-37 rows at
-    1.2-1.8x the probe's, and a 64-row cycle of 32-block tables priced 129 ms took 61). Undisturbed, the
+    costs more than the probe on cycles whose keys are few (seen: 1.2-1.8x at 13-37 rows, key-dominated
+    cycles at 1.0-1.1x; the engine's host work on a cycle's outputs, which the probe does not run, is
+    about 1.5 ms of a 12 ms cycle at 16 rows, the rest not measured apart), and a 64-row cycle of
+    32-block tables was priced 129 ms and took 61. Undisturbed, the
     probe is off by about one factor for every k; a probe disturbed by other work on the machine is
     off by a factor per k and per size (seen: service at 0.43x the probe, k = 1 priced at twice its
     service cost at 48-64 rows), and a batch that only passes through a size never holds it for

@@ -294,9 +294,9 @@ def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
 
 
 def test_host_work_of_service_does_not_scale_what_a_key_costs():
-    """Service adds host work per cycle and per row that the probe does not run (the engine's
-    bookkeeping): cycles of few keys run at 1.5x the probe's whole cycle, and that factor is not what a
-    key costs. A wide cycle (keys most of its price) is priced at its base in service plus the probe's
+    """Service adds costs per cycle and per row that the probe does not show (the engine's host work on
+    a cycle's outputs, among others): cycles of few keys run at 1.24x the probe's whole cycle, and that
+    factor is not what a key costs. A wide cycle (keys most of its price) is priced at its base in service plus the probe's
     seconds per key as measured, until cycles whose keys make KEY_SHARE of their price or more measure
     a factor of their own (a machine slower or faster than at the probe): then keys cost that factor."""
     def probe_base(k, b):
@@ -306,7 +306,7 @@ def test_host_work_of_service_does_not_scale_what_a_key_costs():
         return 1e-6 * (1 + k) * (1 + b / 32)
 
     def host(b):
-        return 1e-3 * (0.5 + 0.25 * b)  # the engine's bookkeeping of a cycle: no key pays it
+        return 1e-3 * (0.5 + 0.25 * b)  # seconds of a service cycle that no key pays
 
     costs = StepCosts()
     for k, b in itertools.product([0, 3], [1, 4, 16, 64]):
