@@ -111,7 +111,15 @@ class RequestOutput:
 
 @dataclass
 class TextState:
-    """Detokenisation of one request's output, with stop strings (the engine's tokenizer)."""
+    """Detokenisation of one request's output, with stop strings (the engine's tokenizer).
+
+    Incremental while the request runs: each update decodes only a window of the newest tokens
+    (vLLM's prefix / read offsets: the tokens of the last decoded piece and the new ones, decoded
+    together and compared with the piece alone, so that a tokenizer's joins across tokens, a word's
+    leading space or a character of several tokens, come out as a full decode gives them); a full
+    decode of the output each step cost time growing with its length (0.5 ms at 2000 tokens, per
+    request and step). The text is decoded whole once, when the request finishes or meets a stop
+    string: the final text is the full decode, cut before the first stop string, as it always was."""
 
     tokenizer: object
     stop: tuple[str, ...]
@@ -120,12 +128,17 @@ class TextState:
     stopped: bool = False  # a stop string was found: text is final
 
     ready: int = 0  # characters of `text` decided (safe to give out)
+    prefix: int = 0  # output tokens from which the last window was decoded
+    read: int = 0  # output tokens decoded into `text`
 
     def update(self, token_ids: list[int], finished: bool) -> None:
         """Decode the output so far and cut it before the first stop string (then `stopped`)."""
         if self.stopped:
             return
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = self.text + self._new_text(token_ids)
+        if finished or any(s in text for s in self.stop):  # final: the whole output decoded
+            whole = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+            text = whole if finished or any(s in whole for s in self.stop) else text
         hold = 0
         for s in self.stop:
             at = text.find(s)
@@ -141,6 +154,16 @@ class TextState:
                         break
         self.text = text
         self.ready = max(self.sent, len(text) - hold)
+
+    def _new_text(self, token_ids: list[int]) -> str:
+        """The text the tokens past `read` add (none while they end inside a character: they wait)."""
+        decode = self.tokenizer.decode
+        before = decode(token_ids[self.prefix:self.read], skip_special_tokens=True)
+        window = decode(token_ids[self.prefix:], skip_special_tokens=True)
+        if len(window) <= len(before) or window.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(token_ids)
+        return window[len(before):]
 
     def take_delta(self) -> str:
         """The decided text not given out before."""
