@@ -38,7 +38,7 @@ import sys
 import time
 from collections import Counter
 
-from serve_common import held_out_prompts, hf_greedy, log, median_interval
+from serve_common import held_out_prompts, hf_greedy, log, median_interval, median_text
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring)",
@@ -107,11 +107,6 @@ def paired(runs: dict, a: str, b: str) -> dict:
     bounds = median_interval(ratios, CONFIDENCE)
     return {"per_round": ratios, "median": statistics.median(ratios),
             "interval": None if bounds is None else list(bounds[1:])}
-
-
-def interval_text(ratio: dict) -> str:
-    low_high = ratio["interval"]
-    return f"{ratio['median']:.2f} " + (f"[{low_high[0]:.2f}, {low_high[1]:.2f}]" if low_high else "[n < 5]")
 
 
 def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
@@ -225,8 +220,8 @@ def main(argv=None) -> int:
           f"[{CONFIDENCE:.0%} interval of the median]")
     print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>22}" for a, b in RATIOS))
     for p in points:
-        print(f"{p['concurrency']:>4} " + " ".join(f"{interval_text(p['paired_ratios'][f'{a}/{b}']):>22}"
-                                                  for a, b in RATIOS))
+        ratios = [p["paired_ratios"][f"{a}/{b}"]["per_round"] for a, b in RATIOS]
+        print(f"{p['concurrency']:>4} " + " ".join(f"{median_text(r, CONFIDENCE):>22}" for r in ratios))
     print(f"medians of {args.repeats} interleaved runs per setting ({args.backend}, lengths {args.min_tokens}.."
           f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
     return 0 if all_exact else 1

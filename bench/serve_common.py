@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -316,6 +315,14 @@ def median_interval(values, confidence: float = 0.9) -> tuple[float, float, floa
     if j == 0:
         return None
     return statistics.median(values), values[j - 1], values[n - j]
+
+
+def median_text(values, confidence: float = 0.9) -> str:
+    """"median [low, high]" of median_interval, "[n < 5]" (at 90%) where too few values bound it."""
+    bounds = median_interval(values, confidence)
+    if bounds is None:
+        return f"{statistics.median(values):.2f} [n < 5]" if values else "-"
+    return f"{bounds[0]:.2f} [{bounds[1]:.2f}, {bounds[2]:.2f}]"
 
 
 def sigterm_as_interrupt() -> None:

@@ -27,7 +27,9 @@ patterns:
 Each point runs --repeats times per setting, the settings taking turns in each repeat (the order
 reversed at every other turn). Reported per point: output tok/s (output tokens / wall of the
 batch, first send to last token; the median over the repeats) and its ratio to k=0 at the same
-point; the mean response time (a request's arrival to its last token: in a burst every request
+point, and the paired ratio (its tok/s over k=0's in the same repeat: the median, with a
+distribution-free 90% interval of it from 5 repeats up); the mean response time (a request's
+arrival to its last token: in a burst every request
 arrives at t=0, so it includes the wait for one of the C places; the median over the repeats) and
 its ratio to k=0; TTFT p50/p99 and TPOT ((last - first token time) / (n - 1)) p50/p99 over every
 request of the repeats (from the request's send); the mean acceptance length (1 + accepted /
@@ -58,9 +60,8 @@ import time
 import httpx
 
 from serve_common import (Server, acceptance, add_server_flags, cycle_costs_ms, cycles_by_k, get_metrics,
-                          held_out_prompts, running_costs,
-                          hf_greedy, load_tokenizer_and_base, log, percentile, server_args, sigterm_as_interrupt,
-                          stream_completion, ttft_tpot)
+                          held_out_prompts, hf_greedy, load_tokenizer_and_base, log, median_text, percentile,
+                          running_costs, server_args, sigterm_as_interrupt, stream_completion, ttft_tpot)
 
 SETTINGS = ("adaptive", "k=3", "k=0")
 
@@ -287,16 +288,26 @@ def fmt(v, spec=".0f"):
     return "-" if v is None else format(v, spec)
 
 
+def paired_text(point: dict, ref: dict | None) -> str:
+    """The point's tok/s over k=0's in the same repeat (the settings take turns in each): their
+    median and its distribution-free 90% interval (from 5 repeats up)."""
+    if ref is None or len(point["tok_s_runs"]) != len(ref["tok_s_runs"]):
+        return "-"
+    return median_text([a / b for a, b in zip(point["tok_s_runs"], ref["tok_s_runs"])])
+
+
 def table(results) -> str:
     base = {(p["concurrency"], p["arrival"]): p for r in results if r["setting"] == "k=0" for p in r["points"]}
-    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'response':>8} {'vs k=0':>6} "
+    head = (f"{'setting':<9} {'conc':>4} {'arrival':<8} {'tok/s':>8} {'vs k=0':>6} {'paired vs k=0 [90%]':>20} "
+            f"{'response':>8} {'vs k=0':>6} "
             f"{'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} {'p99':>7} {'accept':>6} {'exact':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         for p in r["points"]:
             ref = base.get((p["concurrency"], p["arrival"]))
             lines.append(f"{r['setting']:<9} {p['concurrency']:>4} {p['arrival']:<8} {p['tok_s']:>8.1f} "
-                         f"{fmt(ref and p['tok_s'] / ref['tok_s'], '.2f'):>6} {p['mean_response_s']:>8.2f} "
+                         f"{fmt(ref and p['tok_s'] / ref['tok_s'], '.2f'):>6} {paired_text(p, ref):>20} "
+                         f"{p['mean_response_s']:>8.2f} "
                          f"{fmt(ref and p['mean_response_s'] / ref['mean_response_s'], '.2f'):>6} "
                          f"{fmt(p['ttft_p50_ms']):>8} {fmt(p['ttft_p99_ms']):>7} "
                          f"{fmt(p['tpot_p50_ms'], '.1f'):>8} {fmt(p['tpot_p99_ms'], '.1f'):>7} "

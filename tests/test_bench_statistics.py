@@ -43,3 +43,9 @@ def test_the_interval_covers_the_median_as_often_as_it_says():
 
 def test_no_values_no_interval():
     assert serve_common.median_interval([], 0.9) is None
+
+
+def test_the_text_says_median_and_interval_or_too_few():
+    assert serve_common.median_text([1.0, 2.0, 3.0, 4.0, 5.0]) == "3.00 [1.00, 5.00]"
+    assert serve_common.median_text([0.9, 1.1]) == "1.00 [n < 5]"
+    assert serve_common.median_text([]) == "-"
