@@ -100,7 +100,8 @@ class Engine:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.aborted: list[Request] = []
-        self.call, self.stats = call, call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
+        self.call = call
+        self.stats = call.stats if call is not None else SpecDecodeStats(max(k_max, 1))
         self.profiler = call.profiler if call is not None else None
         self.acceptance = Acceptance(max(k_max, 1))  # every request's, the prior of a new one
         self.grammars = EngineGrammars(tokenizer, model.spec.vocab_size)  # structured output

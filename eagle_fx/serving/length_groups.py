@@ -84,7 +84,10 @@ def choice_prices(engine, spec: list, off: list):
     the engine does not split by length (choose_k then prices one cycle each)."""
     if not engine.split_by_length:
         return None
-    every = length_groups(engine, engine.ks[-1], spec + off)
-    cuts = [length_groups(engine, engine.ks[-1], spec) if off else every, length_groups(engine, engine.ks[-1], off), every]
+    def cut(requests):
+        return length_groups(engine, engine.ks[-1], requests)
+
+    every = cut(spec + off)
+    cuts = [cut(spec) if off else every, cut(off), every]
     return lambda k, which: sum(engine.costs.cost(k, len(g), keys=cycle_keys(engine.model, [r.committed for r in g]))
                                 for g in cuts[which] if g)

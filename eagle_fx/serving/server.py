@@ -220,8 +220,8 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
     """Serve `model` (an eagle_fx.compile result) until SIGINT or SIGTERM (then uvicorn shuts down
     gracefully: streams in flight finish) and return. on_ready(host, port) is called once uvicorn
     listens. ks, admission, split_by_length: the Engine's (the k values adaptive speculation chooses
-    from; "continuous" or "waves" admission; cycles by length groups). warm_up_structured: compile the cycles under grammar masks
-    before listening (eagle_fx.serving.grammars.compile_grammar_cycles).
+    from; "continuous" or "waves" admission; cycles by length groups). warm_up_structured: compile
+    the cycles under grammar masks before listening (eagle_fx.serving.grammars.compile_grammar_cycles).
 
     The engine runs on the calling thread, the one that compiled the model, and uvicorn on a thread
     of its own (eagle_fx.serving.engine_loop says why: OpenMP's worker pools). A uvicorn that fails

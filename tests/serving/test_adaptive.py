@@ -294,11 +294,12 @@ def test_the_service_scale_applies_to_the_probes_seconds_per_key_too():
 
 
 def test_host_work_of_service_does_not_scale_what_a_key_costs():
-    """Service adds costs per cycle and per row that the probe does not show (the engine's host work on
-    a cycle's outputs, among others): cycles of few keys run at 1.24x the probe's whole cycle, and that
-    factor is not what a key costs. A wide cycle (keys most of its price) is priced at its base in service plus the probe's
-    seconds per key as measured, until cycles whose keys make KEY_SHARE of their price or more measure
-    a factor of their own (a machine slower or faster than at the probe): then keys cost that factor."""
+    """Service adds costs per cycle and per row that the probe does not show (the engine's host work
+    on a cycle's outputs, among others): cycles of few keys run at 1.24x the probe's whole cycle, and
+    that factor is not what a key costs. A wide cycle (keys most of its price) is priced at its base
+    in service plus the probe's seconds per key as measured, until cycles whose keys make KEY_SHARE
+    of their price or more measure a factor of their own (a machine slower or faster than at the
+    probe): then keys cost that factor."""
     def probe_base(k, b):
         return 1e-3 * (1.0 + 0.2 * b * (k + 1))
 
