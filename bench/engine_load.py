@@ -11,7 +11,11 @@ C requests in flight (a new one is added as one finishes) until max(--min-reques
 are done: held-out ShareGPT prompts, greedy, ignore_eos, output lengths uniform in
 --min-tokens..--max-tokens (seeded, the same requests for every setting). The settings run
 interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untimed warm-up of each.
-Each round runs the settings back to back, a different one first each round.
+In a round (--interleave steps, the default) every setting's closed loop runs at once, one engine
+step of each in turn, a different one first each round, and each is timed by its own steps only:
+the machine's drift (seconds, against steps of milliseconds) then falls on every setting alike
+(each speculating setting has a compiled pair of its own, for its own KV pool and slots).
+--interleave runs: the settings' loops back to back, each timed by its wall clock.
 --draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
 as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
 show what speculating costs a request before it decodes.
@@ -61,6 +65,10 @@ def parse_args(argv=None):
     ap.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
                     help="every engine's length groups (a step's batch as cycles of like context lengths where priced "
                          "cheaper; eagle_fx.serving.length_groups)")
+    ap.add_argument("--interleave", choices=["steps", "runs"], default="steps",
+                    help="steps: in each round the settings' closed loops run at once, one engine step of each in "
+                         "turn, each timed by its own steps (every speculating setting on a pair of its own); runs: "
+                         "each round runs the settings' loops back to back")
     ap.add_argument("--out", default="engine_load.json", help="JSON results")
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -114,35 +122,73 @@ def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]
     return [(prompts[rng.randrange(len(prompts))], rng.randint(args.min_tokens, args.max_tokens)) for _ in range(n)]
 
 
-def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
-    """Keep c requests in flight until every one of `requests` is done."""
-    from eagle_fx.serving.requests import SamplingParams
+class ClosedLoop:
+    """c requests of `requests` in flight on one engine (a new one added as one finishes), stepped by
+    the caller: step() runs one engine step and its client work, timed into `seconds`."""
 
-    pending, outputs, ids = iter(enumerate(requests)), {}, {}
+    def __init__(self, engine, timed: Timed, requests, c: int):
+        from eagle_fx.serving.requests import SamplingParams
 
-    def add():
-        item = next(pending, None)
+        self.engine, self.timed, self.params = engine, timed, SamplingParams
+        self.pending, self.outputs, self.ids, self.seconds = iter(enumerate(requests)), {}, {}, 0.0
+        timed.clear()
+        self.off_before = dict(engine.off_events)
+        started = time.perf_counter()
+        for _ in range(c):
+            self._add()
+        self.seconds += time.perf_counter() - started
+
+    def _add(self) -> None:
+        item = next(self.pending, None)
         if item is not None:
             i, (prompt, length) = item
-            ids[engine.add_request(prompt, SamplingParams(max_tokens=length, ignore_eos=True))] = i
+            self.ids[self.engine.add_request(prompt, self.params(max_tokens=length, ignore_eos=True))] = i
 
-    timed.clear()
-    off_before = dict(engine.off_events)
-    started = time.perf_counter()
-    for _ in range(c):
-        add()
-    while engine.has_unfinished():
-        for out in engine.step():
+    def done(self) -> bool:
+        return not self.engine.has_unfinished()
+
+    def step(self) -> None:
+        started = time.perf_counter()
+        for out in self.engine.step():
             if out.finished:
-                outputs[ids.pop(out.request_id)] = list(out.token_ids)
-                add()
-    wall = time.perf_counter() - started
-    tokens = sum(len(o) for o in outputs.values())
-    return {"tok_s": tokens / wall, "wall_s": wall, "output_tokens": tokens, "outputs": outputs,
-            "prefill_s": timed.seconds["_prefill_chunk"], "cycles_s": timed.seconds["_cycle"],
-            "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
-            "off_events": {reason: n - off_before[reason] for reason, n in engine.off_events.items()
-                           if n > off_before[reason]}}
+                self.outputs[self.ids.pop(out.request_id)] = list(out.token_ids)
+                self._add()
+        self.seconds += time.perf_counter() - started
+
+    def result(self) -> dict:
+        tokens, engine, timed = sum(len(o) for o in self.outputs.values()), self.engine, self.timed
+        return {"tok_s": tokens / self.seconds, "wall_s": self.seconds, "output_tokens": tokens,
+                "outputs": self.outputs, "prefill_s": timed.seconds["_prefill_chunk"],
+                "cycles_s": timed.seconds["_cycle"], "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
+                "off_events": {reason: n - self.off_before[reason] for reason, n in engine.off_events.items()
+                               if n > self.off_before[reason]}}
+
+
+def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
+    """Keep c requests in flight until every one of `requests` is done."""
+    loop = ClosedLoop(engine, timed, requests, c)
+    while not loop.done():
+        loop.step()
+    return loop.result()
+
+
+def step_interleaved(engines: dict, timers: dict, requests, c: int, order: list[str]) -> dict:
+    """Every engine's closed loop at once, one step of each in turn (`order`) until all are done; each
+    timed by its own steps only, so the machine's drift, slow against a step (milliseconds), falls on
+    every setting alike. An engine's measure of the time between its steps (Engine.outside, a cost
+    adaptive speculation prices) is kept to its own: the others' steps are taken out of it."""
+    loops = {name: ClosedLoop(engines[name], timers[name], requests, c) for name in order}
+    while True:
+        live = [name for name in order if not loops[name].done()]
+        if not live:
+            return {name: loop.result() for name, loop in loops.items()}
+        for name in live:
+            engine, started = engines[name], time.perf_counter()
+            loops[name].step()
+            others = time.perf_counter() - started
+            for other in live:  # the caller's time in this step is not a cost of the others' steps
+                if other != name and engines[other]._step_ended is not None:
+                    engines[other]._step_ended += others
 
 
 def main(argv=None) -> int:
@@ -163,11 +209,15 @@ def main(argv=None) -> int:
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
+
+    def pair():  # interleaved steps: engines at once need KV pools (and slots) of their own
+        return model if args.interleave == "runs" else eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
+
     split = dict(split_by_length=args.split_by_length)
-    engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
+    engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(pair(), tok, 3, **split),
                "k=0": Engine(plain, tok, 0, **split)}
     if args.draft_cost:
-        engines["k=0 spec"] = Engine(model, tok, 0, **split)
+        engines["k=0 spec"] = Engine(pair(), tok, 0, **split)
     settings = list(engines)
     timers = {name: Timed(engine) for name, engine in engines.items()}
     log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")
@@ -180,8 +230,11 @@ def main(argv=None) -> int:
         requests = requests_for(prompts, n, args, seed=args.seed + c)
         runs = {name: [] for name in settings}
         for rep in range(args.repeats):
-            for name in settings[rep % len(settings):] + settings[:rep % len(settings)]:  # each goes first in turn
-                r = closed_loop(engines[name], timers[name], requests, c)
+            order = settings[rep % len(settings):] + settings[:rep % len(settings)]  # each goes first in turn
+            results = step_interleaved(engines, timers, requests, c, order) if args.interleave == "steps" else \
+                {name: closed_loop(engines[name], timers[name], requests, c) for name in order}
+            for name in order:
+                r = results[name]
                 r["exact"] = sum(1 for i, (p, length) in enumerate(requests)
                                  if r["outputs"].get(i) == refs[tuple(p)][:length])
                 all_exact &= r["exact"] == n
@@ -216,13 +269,14 @@ def main(argv=None) -> int:
             print(f"{p['concurrency']:>4} {p['median_tok_s']['k=0 spec'] / p['median_tok_s']['k=0']:>15.2f}  "
                   f"{seconds['prefill_s'][0]:>10.3f} / {seconds['prefill_s'][1]:<10.3f}      "
                   f"{seconds['cycles_s'][0]:>8.3f} / {seconds['cycles_s'][1]:.3f}")
-    print(f"\npaired ratios: per round (the settings' runs back to back, each first in turn), their median "
+    how = "stepped in turn" if args.interleave == "steps" else "back to back"
+    print(f"\npaired ratios: per round (the settings' loops {how}, each first in turn), their median "
           f"[{CONFIDENCE:.0%} interval of the median]")
     print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>22}" for a, b in RATIOS))
     for p in points:
         ratios = [p["paired_ratios"][f"{a}/{b}"]["per_round"] for a, b in RATIOS]
         print(f"{p['concurrency']:>4} " + " ".join(f"{median_text(r, CONFIDENCE):>22}" for r in ratios))
-    print(f"medians of {args.repeats} interleaved runs per setting ({args.backend}, lengths {args.min_tokens}.."
+    print(f"medians of {args.repeats} rounds per setting ({args.backend}, lengths {args.min_tokens}.."
           f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
     return 0 if all_exact else 1
 
