@@ -11,9 +11,10 @@ C requests in flight (a new one is added as one finishes) until max(--min-reques
 are done: held-out ShareGPT prompts, greedy, ignore_eos, output lengths uniform in
 --min-tokens..--max-tokens (seeded, the same requests for every setting). The settings run
 interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untimed warm-up of each.
-In a round (--interleave steps, the default) every setting's closed loop runs at once, one engine
-step of each in turn, a different one first each round, and each is timed by its own steps only:
-the machine's drift (seconds, against steps of milliseconds) then falls on every setting alike
+In a round (--interleave steps, the default) every setting's closed loop runs at once, in turns of
+--slice-seconds of one engine's steps, a different one first each round, and each is timed by its
+own steps only: the machine's drift (seconds, against turns of a quarter second) falls on every
+setting alike
 (each speculating setting has a compiled pair of its own, for its own KV pool and slots).
 --interleave runs: the settings' loops back to back, each timed by its wall clock.
 --draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
@@ -66,9 +67,11 @@ def parse_args(argv=None):
                     help="every engine's length groups (a step's batch as cycles of like context lengths where priced "
                          "cheaper; eagle_fx.serving.length_groups)")
     ap.add_argument("--interleave", choices=["steps", "runs"], default="steps",
-                    help="steps: in each round the settings' closed loops run at once, one engine step of each in "
-                         "turn, each timed by its own steps (every speculating setting on a pair of its own); runs: "
+                    help="steps: in each round the settings' closed loops run at once, in turns of "
+                         "--slice-seconds of one engine's steps, each timed by its own steps (every speculating setting on a pair of its own); runs: "
                          "each round runs the settings' loops back to back")
+    ap.add_argument("--slice-seconds", type=float, default=0.25, help="--interleave steps: an engine's turn (its "
+                    "steps until it has run this long)")
     ap.add_argument("--out", default="engine_load.json", help="JSON results")
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -172,23 +175,28 @@ def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
     return loop.result()
 
 
-def step_interleaved(engines: dict, timers: dict, requests, c: int, order: list[str]) -> dict:
-    """Every engine's closed loop at once, one step of each in turn (`order`) until all are done; each
-    timed by its own steps only, so the machine's drift, slow against a step (milliseconds), falls on
-    every setting alike. An engine's measure of the time between its steps (Engine.outside, a cost
-    adaptive speculation prices) is kept to its own: the others' steps are taken out of it."""
+def step_interleaved(engines: dict, timers: dict, requests, c: int, order: list[str], slice_seconds: float) -> dict:
+    """Every engine's closed loop at once, in turns (`order`) of steps of one engine until it has run
+    `slice_seconds` (one step at least), until all are done; each timed by its own steps, so the
+    machine's drift, slow against a turn, falls on every setting alike. (A turn of one step would leave
+    every step's caches to the other engines' graphs: a cost none has alone, and adaptive speculation
+    would price it.) An engine's measure of the time between its steps (Engine.outside, a cost adaptive
+    speculation prices) is kept to its own: the other engines' turns are taken out of it."""
     loops = {name: ClosedLoop(engines[name], timers[name], requests, c) for name in order}
     while True:
         live = [name for name in order if not loops[name].done()]
         if not live:
             return {name: loop.result() for name, loop in loops.items()}
         for name in live:
-            engine, started = engines[name], time.perf_counter()
-            loops[name].step()
-            others = time.perf_counter() - started
-            for other in live:  # the caller's time in this step is not a cost of the others' steps
+            loop, started = loops[name], time.perf_counter()
+            until = loop.seconds + slice_seconds
+            loop.step()
+            while loop.seconds < until and not loop.done():
+                loop.step()
+            turn = time.perf_counter() - started
+            for other in live:  # this turn is not time the others spent between their steps
                 if other != name and engines[other]._step_ended is not None:
-                    engines[other]._step_ended += others
+                    engines[other]._step_ended += turn
 
 
 def main(argv=None) -> int:
@@ -231,8 +239,10 @@ def main(argv=None) -> int:
         runs = {name: [] for name in settings}
         for rep in range(args.repeats):
             order = settings[rep % len(settings):] + settings[:rep % len(settings)]  # each goes first in turn
-            results = step_interleaved(engines, timers, requests, c, order) if args.interleave == "steps" else \
-                {name: closed_loop(engines[name], timers[name], requests, c) for name in order}
+            if args.interleave == "steps":
+                results = step_interleaved(engines, timers, requests, c, order, args.slice_seconds)
+            else:
+                results = {name: closed_loop(engines[name], timers[name], requests, c) for name in order}
             for name in order:
                 r = results[name]
                 r["exact"] = sum(1 for i, (p, length) in enumerate(requests)

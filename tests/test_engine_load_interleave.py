@@ -29,8 +29,8 @@ class FakeEngine:
     """Each step costs `step_seconds` of the clock and finishes the oldest request with its max_tokens
     tokens; like Engine, it measures the time since its last step ended as a cost of its own."""
 
-    def __init__(self, clock, step_seconds):
-        self.clock, self.step_seconds = clock, step_seconds
+    def __init__(self, clock, step_seconds, log):
+        self.clock, self.step_seconds, self.log = clock, step_seconds, log
         self.off_events, self.queue, self.gaps, self._step_ended = {}, [], [], None
         self.steps = 0
 
@@ -46,6 +46,7 @@ class FakeEngine:
             self.gaps.append(self.clock[0] - self._step_ended)
         self.clock[0] += self.step_seconds
         self.steps += 1
+        self.log.append(self)
         rid, n = self.queue.pop(0)
         self._step_ended = self.clock[0] if self.queue else None
         return [Out(rid, list(range(n)), True)]
@@ -59,12 +60,20 @@ class Timer:
     cycles_by_k = {}
 
 
-def test_each_setting_is_timed_by_its_own_steps(engine_load):
+# the engine of each step: a turn is one step at least, then steps until the engine has run the slice
+TURNS = {0.0: ["fast", "mid", "slow"] * 6,
+         0.045: ["fast"] * 5 + ["mid"] * 3 + ["slow"] * 2 + ["fast"] + ["mid"] * 3 + ["slow"] * 4}
+
+
+@pytest.mark.parametrize("slice_seconds", sorted(TURNS))
+def test_each_setting_is_timed_by_its_own_steps(engine_load, slice_seconds):
     module, clock = engine_load
-    engines = {"slow": FakeEngine(clock, 0.030), "fast": FakeEngine(clock, 0.010), "mid": FakeEngine(clock, 0.020)}
+    log = []
+    engines = {name: FakeEngine(clock, seconds, log) for name, seconds in
+               (("slow", 0.030), ("fast", 0.010), ("mid", 0.020))}
     requests = [([1, 2], 10 + i) for i in range(6)]
     results = module.step_interleaved(engines, {name: Timer() for name in engines}, requests, 2,
-                                      ["fast", "mid", "slow"])
+                                      ["fast", "mid", "slow"], slice_seconds)
     tokens = sum(10 + i for i in range(6))
     for name, engine in engines.items():
         assert engine.steps == 6
@@ -74,3 +83,5 @@ def test_each_setting_is_timed_by_its_own_steps(engine_load):
         # the others' steps between two of its own are not time it spent between its steps
         assert engine.gaps and all(gap == pytest.approx(0.0) for gap in engine.gaps)
     assert clock[0] == pytest.approx(6 * (0.030 + 0.010 + 0.020))
+    names = {id(engine): name for name, engine in engines.items()}
+    assert [names[id(engine)] for engine in log] == TURNS[slice_seconds]

@@ -345,7 +345,7 @@ def speculation_ks(model, speculation: str | int, ks: list[int] | None) -> list[
 def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: tuple[int, bool],
              outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
              keys: tuple[int, int, int] = (0, 0, 0), off_rates: list[list[float]] | None = None,
-             ride_catch_up: float = 0.0, priced=None) -> tuple[int, bool]:
+             ride_catch_up: float = 0.0, priced=None, ride_remaining: float | None = None) -> tuple[int, bool]:
     """(k, ride): the k for the speculating requests (their acceptance rates `spec_rates`), and whether
     the `num_off` requests with speculation off ride in their cycle (drafting too, at their own recent
     acceptance `off_rates`; None: they cannot) rather than run a k=0 cycle of their own beside it (a
@@ -353,15 +353,18 @@ def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num
     runs every request in one plain cycle. outside: a step's seconds outside its cycles per running
     requests (the engine's own work per request, and a server's delivery of each output), paid whatever
     k runs, so it counts per step, as the cycle does. catch_up: seconds of the draft's catch-up a k > 0
-    cycle must run first (requests that ran k = 0 cycles: eagle_fx.serving.draft_catch_up;
-    ride_catch_up: the same when the off requests ride), paid once for the `remaining` output tokens
-    the running requests have left: a k > 0 rate r becomes remaining / (catch_up + remaining / r). The
+    cycle must run first (requests that ran k = 0 cycles or whose prompt's draft prefill was deferred:
+    eagle_fx.serving.draft_catch_up; ride_catch_up: the same when the off requests ride), paid once for
+    the `remaining` output tokens the requests it catches up have left (ride_remaining: with the off
+    requests; default remaining), the tokens it lets be speculated: seconds per token 1 / r + catch_up /
+    remaining, as each request's catch-up over its own tokens comes to in steady traffic. The
     current choice is kept unless another is HYSTERESIS faster. keys: the keys per layer that the
     speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts).
     priced(k, which): the seconds at k of the speculating requests (which = 0), the others (1) or all
     (2), when they run as several cycles (eagle_fx.serving.length_groups); default one cycle each."""
     total = len(spec_rates) + num_off
     sizes = (len(spec_rates), num_off, total)
+    ride_remaining = remaining if ride_remaining is None else ride_remaining
     priced = priced or (lambda k, which: costs.cost(k, sizes[which], keys=keys[which]))
     fixed = outside.cost(total) if outside else 0.0
 
@@ -375,8 +378,9 @@ def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num
             seconds = priced(k, 0) + fixed + (priced(0, 1) if num_off else 0.0)
             tokens = sum(expected_tokens(r, k) for r in spec_rates) + num_off
         tokens_per_second = tokens / seconds
-        return tokens_per_second / (1.0 + (ride_catch_up if ride else catch_up) * tokens_per_second
-                                    / max(remaining, 1.0))
+        if ride:
+            return tokens_per_second / (1.0 + ride_catch_up * tokens_per_second / max(ride_remaining, 1.0))
+        return tokens_per_second / (1.0 + catch_up * tokens_per_second / max(remaining, 1.0))
 
     plans = [(k, False) for k in ks] + [(k, True) for k in ks if k > 0 and num_off and off_rates is not None]
     rates = {plan: rate(*plan) for plan in plans}

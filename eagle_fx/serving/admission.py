@@ -66,7 +66,18 @@ def admit(engine) -> None:
     call = engine.call or GenerateCall(engine._sampler(group), engine.stats,
                                        Profiler(engine.stats, False, engine.device), set(), 1)
     carry = engine.kv.carry_features(blocks, engine.model.bootstrap)
-    engine.prefilling.append((group, prefill_chunks(engine.model, call, wave, carry), wave, call))
+    lazy = engine.lazy_draft_prefill and all(engine.can_catch_up(len(r.prompt) - r.cached + 1) for r in group)
+    keep = None
+    if lazy:  # the base's prefill only; its features kept for the draft's catch-up, with f_{cached-1} (the carry)
+        window, slots = engine.resume_window, wave.spec_rows
+        engine.features[slots, torch.tensor([r.cached - 1 for r in group], **long) % window] = carry
+
+        def keep(rows, positions, features):
+            engine.features[rows, positions % window] = features
+    for r in group:
+        r.lazy = lazy
+    chunks = prefill_chunks(engine.model, call, wave, carry, draft=not lazy, keep_features=keep)
+    engine.prefilling.append((group, chunks, wave, call))
 
 
 def prefill_step(engine, outputs) -> None:
@@ -86,8 +97,8 @@ def prefill_step(engine, outputs) -> None:
             engine._release(request, cache=False)
             continue
         request.committed = len(request.prompt)
-        if engine._emit(request, [token], outputs):
-            engine._finish(request, final=len(request.prompt))
+        if engine._emit(request, [token], outputs):  # (its prompt's draft K/V is final only where prefilled)
+            engine._finish(request, final=request.cached if request.lazy else len(request.prompt))
         else:
             joining.append(i)
     if not joining:
@@ -97,14 +108,14 @@ def prefill_step(engine, outputs) -> None:
     slots = torch.tensor([r.slot for r in joined], **long)
     committed = torch.tensor([len(r.prompt) for r in joined], **long)
     pending = first.pending[rows]
-    table = engine._table(slots, max(len(r.prompt) for r in joined))
-    draft_logits, draft_hidden = enter_draft(engine.model, engine.profiler, None, first, rows, pending, committed,
-                                             table, slots)
     engine.pending[slots], engine.committed[slots] = pending, committed
-    if engine.model.speculates:
-        engine.draft_logits[slots], engine.draft_hidden[slots] = draft_logits, draft_hidden
+    if engine.model.speculates and not group[0].lazy:
+        table = engine._table(slots, max(len(r.prompt) for r in joined))
+        engine.draft_logits[slots], engine.draft_hidden[slots] = enter_draft(
+            engine.model, engine.profiler, None, first, rows, pending, committed, table, slots)
     for r in joined:
-        r.draft_upto = r.committed  # the draft has seen every committed token and the pending one
+        # the draft has seen every committed token and the pending one; lazy: only the cached prefix
+        r.draft_upto = r.cached - 1 if r.lazy else r.committed
         r.speculating, r.off_reason = True, None
         r.watch = CollapseWatch(engine.collapse_window, engine.collapse_threshold)
         r.acceptance = Acceptance(engine.acceptance.num_positions)

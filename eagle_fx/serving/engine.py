@@ -22,8 +22,12 @@ Speculation (eagle_fx.serving.adaptive): with `speculation="adaptive"` each step
 request whose acceptance collapses (a rolling window below `collapse_threshold`) is not speculated
 for (a warning once, a metric; it rides in the others' cycle when that is cheaper than a cycle of
 its own) and is probed again `probe_after` tokens later. A request decoded at k = 0 leaves the draft
-behind: the base features of the tokens it commits are kept (a ring of `resume_window` per slot) and
-the draft catches up in one prefill-like call before it drafts again; past the ring it stays at k = 0.
+behind: the base features of the tokens it commits are kept (a ring of `resume_window` positions per
+slot, by default a whole sequence) and the draft catches up in one prefill-like call before it drafts
+again; past the ring it stays at k = 0. With lazy_draft_prefill (adaptive; by default when prefix
+caching is off) a prompt's draft prefill waits for the same catch-up: a request has its base prefill
+only, and the draft computes its prompt when (if ever) a cycle speculates for it, a cost choose_k
+prices as it prices any catch-up.
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
@@ -55,8 +59,9 @@ log = logging.getLogger("eagle_fx.serving")
 class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
-                 resume_window: int = 128, measure: bool = True, call: GenerateCall | None = None,
-                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = False):
+                 resume_window: int | None = None, measure: bool = True, call: GenerateCall | None = None,
+                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = False,
+                 lazy_draft_prefill: bool | None = None):
         """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
@@ -65,7 +70,11 @@ class Engine:
         run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
         or stale cost does not keep it out (its service cost replaces it). split_by_length (opt-in): a step's batch
         runs as cycles of like context lengths where the measured prices say that is cheaper (length_groups;
-        the probe then runs at a fixed k too)."""
+        the probe then runs at a fixed k too). resume_window: positions of base features kept per slot for
+        the draft's catch-up (None: a whole sequence, max_seq_len + the cycle's lookahead, which never wraps;
+        feature_dim values per position and slot). lazy_draft_prefill (adaptive only): a prompt's draft prefill
+        deferred to its catch-up (where its prompt fits the ring); None: on unless prefix caching is (a block
+        enters the prefix cache only with the draft's K/V, which a deferred prefill may never compute)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission
@@ -82,7 +91,13 @@ class Engine:
         self.cycles = {k: model.chain_cycle if k == k_max else model.chain_cycle_for(k) for k in ks}
         self.kv, self.executor, self.device = model.kv_cache, model.executor, model.device
         self.collapse_window, self.collapse_threshold, self.probe_after = collapse_window, collapse_threshold, probe_after
-        self.resume_window = resume_window
+        whole = self.kv.blocks_per_seq * model.options.block_size
+        if resume_window is not None and not (isinstance(resume_window, int) and 2 <= resume_window):
+            raise ValueError(f"resume_window must be an int >= 2 or None (a whole sequence), got {resume_window!r}")
+        self.resume_window = whole if resume_window is None else min(resume_window, whole)
+        if lazy_draft_prefill is None:
+            lazy_draft_prefill = not model.options.prefix_caching
+        self.lazy_draft_prefill = lazy_draft_prefill and self.adaptive and self.kv.kv_mode != "layer"
         slots, spec, long = model.options.max_batch_size, model.spec, dict(dtype=torch.long, device=model.device)
         draft_vocab = (spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]) if model.speculates else 0
         draft_hidden = spec.draft_hidden_size if model.speculates else 0
@@ -92,7 +107,7 @@ class Engine:
         self.draft_logits = torch.zeros(slots, draft_vocab, device=model.device, dtype=model.dtype)
         self.draft_hidden = torch.zeros(slots, draft_hidden, device=model.device, dtype=model.dtype)
         self.tables = torch.zeros(slots, self.kv.blocks_per_seq, **long)
-        self.features = torch.zeros(slots, resume_window, spec.feature_dim, device=model.device, dtype=model.dtype) \
+        self.features = torch.zeros(slots, self.resume_window, spec.feature_dim, device=model.device, dtype=model.dtype) \
             if self.adaptive else None  # base features of tokens committed at k = 0 (the draft's catch-up)
         self.free_slots = list(range(slots - 1, -1, -1))
         self.waiting: deque[Request] = deque()
@@ -246,13 +261,20 @@ class Engine:
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
-        remaining = sum(r.params.max_tokens - len(r.output) for r in spec + off)
+        # the output tokens left to the requests a catch-up would let speculate (what it is repaid over)
+        remaining = sum(r.params.max_tokens - len(r.output) for r in spec if r.draft_upto < r.committed)
+        ride_remaining = remaining + sum(r.params.max_tokens - len(r.output) for r in off if r.draft_upto < r.committed)
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
-                        catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off))
+                        catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off),
+                        ride_remaining)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
-        return request.committed - request.draft_upto < self.resume_window
+        return self.can_catch_up(request.committed - request.draft_upto)
+
+    def can_catch_up(self, behind: int) -> bool:
+        """Whether the ring keeps the features of a catch-up over `behind` positions (and the one before)."""
+        return behind < self.resume_window
 
     def _cycle(self, k: int, group: list[Request], outputs) -> None:
         """One cycle at k of `group`, timed whole (its host bookkeeping differs by k) into choose_k's costs."""

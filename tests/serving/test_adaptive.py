@@ -398,7 +398,7 @@ def test_choose_k_lets_requests_with_speculation_off_ride_when_that_is_cheaper()
         for k, b in itertools.product(range(4), [1, 2, 4, 8, 16, 32, 64]):
             costs[name].observe(k, b, cost(k, b))
 
-    def brute(cost, rates, off_rates, catch_up, ride_catch_up, remaining):
+    def brute(cost, rates, off_rates, catch_up, ride_catch_up, remaining, ride_remaining):
         best, best_rate = None, -1.0
         total = len(rates) + len(off_rates)
         for k, ride in [(k, False) for k in range(4)] + [(k, True) for k in range(1, 4)]:
@@ -410,19 +410,20 @@ def test_choose_k_lets_requests_with_speculation_off_ride_when_that_is_cheaper()
                 else:
                     rate = (sum(expected_tokens(r, k) for r in rates) + len(off_rates)) / (cost(k, len(rates))
                                                                                           + cost(0, len(off_rates)))
-                rate = remaining / ((ride_catch_up if ride else catch_up) + remaining / rate)
+                left = ride_remaining if ride else remaining  # (each catch-up over the tokens it lets speculate)
+                rate = left / ((ride_catch_up if ride else catch_up) + left / rate)
             if rate > best_rate:
                 best, best_rate = (k, ride), rate
         return best
 
     plans = set()
-    for name, batch, acceptance, num_off, off_acceptance, (catch_up, ride_catch_up) in itertools.product(
-            shapes, [1, 4, 16, 60], [0.6, 0.9], [1, 3], [0.0, 0.1, 0.5],
-            [(0.0, 0.0), (0.0, 2.0), (1.0, 3.0), (0.0, 50.0)]):
+    for name, batch, acceptance, num_off, off_acceptance, (catch_up, ride_catch_up), ride_remaining in \
+            itertools.product(shapes, [1, 4, 16, 60], [0.6, 0.9], [1, 3], [0.0, 0.1, 0.5],
+                              [(0.0, 0.0), (0.0, 2.0), (1.0, 3.0), (0.0, 50.0)], [64, 640]):
         rates, off_rates = [[acceptance] * 3] * batch, [[off_acceptance] * 3] * num_off
         plan = choose_k([0, 1, 2, 3], costs[name], rates, num_off, (-1, False), catch_up=catch_up, remaining=64,
-                        off_rates=off_rates, ride_catch_up=ride_catch_up)
-        assert plan == brute(shapes[name], rates, off_rates, catch_up, ride_catch_up, 64)
+                        off_rates=off_rates, ride_catch_up=ride_catch_up, ride_remaining=ride_remaining)
+        assert plan == brute(shapes[name], rates, off_rates, catch_up, ride_catch_up, 64, ride_remaining)
         plans.add((plan[0] > 0, plan[1]))
         assert not choose_k([0, 1, 2, 3], costs[name], rates, num_off, (-1, False), off_rates=None)[1]  # cannot ride
     k, ride = choose_k([0, 1, 2, 3], costs["cpu"], [[0.9] * 3] * 60, 1, (-1, False), off_rates=[[0.1] * 3])

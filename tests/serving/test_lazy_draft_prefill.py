@@ -1,0 +1,125 @@
+"""Lazy draft prefill (Engine lazy_draft_prefill, the default when adaptive): a prompt's draft prefill
+deferred to the draft's catch-up. Oracles: the draft's state when it first drafts for a request is
+the eager prefill's (the same logits), every output == HF greedy, and an engine that never
+speculates never runs the draft over a prompt."""
+import pytest
+import torch
+
+import eagle_fx
+from eagle_fx.bundled import load_pair, pair_dirs
+from eagle_fx.serving import Engine, SamplingParams
+
+TEXTS = ["Hello, how are you?", "Write a poem about the sea", "What is the capital of France? Explain in detail.",
+         "Tell me about python programming language and why people like it so much",
+         "Why is the sky blue? I asked my teacher and she said it is because of the way sunlight is scattered by the "
+         "air, but I did not understand what that means. Can you explain it step by step, simply?"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tok, base, draft = load_pair(*pair_dirs())
+    return tok, base, draft, [tok(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def model(pair):
+    tok, base, draft, _ = pair
+    return eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=256,
+                            prefill_chunk_size=8, prefix_caching=True)
+
+
+def hf_greedy(base, prompt, n):
+    out = base.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class Scripted(Engine):
+    """k per step from a script (cycling); records the draft's state of each request at its first
+    cycle at k > 0 (what its first drafts are drawn from)."""
+
+    script = (3,)
+
+    def pick_k(self, spec, off):
+        self._calls = getattr(self, "_calls", -1) + 1
+        return self.script[self._calls % len(self.script)], False
+
+    def _cycle(self, k, group, outputs):
+        first = self.__dict__.setdefault("first_state", {})
+        if k > 0:
+            for r in group:
+                if r.request_id not in first:
+                    first[r.request_id] = self.draft_logits[r.slot].clone()
+        super()._cycle(k, group, outputs)
+
+
+def run(engine, prompts, n, later=()):
+    """The prompts at step 0 (more than the engine's slots: some wait), `later` ones at step 6."""
+    ids, finished, step = [], {}, 0
+    while step <= 6 or engine.has_unfinished():
+        for p in (prompts if step == 0 else later if step == 6 else ()):
+            ids.append(engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)))
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.token_ids
+        step += 1
+    return ids, finished
+
+
+@pytest.mark.parametrize("script", [(3,), (0, 0, 3, 1, 0)], ids=["always", "switching"])
+def test_the_draft_after_its_catch_up_is_the_draft_after_its_prefill(pair, model, script):
+    tok, base, _, prompts = pair
+    n = 20
+    states, outputs = {}, {}
+    for lazy in (False, True):
+        model.kv_cache.reset()
+        engine = Scripted(model, tok, ks=[0, 1, 3], measure=False, lazy_draft_prefill=lazy)
+        engine.script = script
+        engine.costs.observe(0, 1, 1.0)
+        # the long prompt alone; then every prompt (five, four slots: one waits), the long one a prefix hit
+        first_ids, first_finished = run(engine, prompts[4:], n)
+        ids, finished = run(engine, prompts, n, later=prompts[:1])
+        ids, finished = first_ids + ids, {**first_finished, **finished}
+        states[lazy] = [engine.first_state[i] for i in ids]
+        outputs[lazy] = [finished[i] for i in ids]
+        assert engine.metrics()["kv_blocks_used"] == 0
+        assert engine.metrics()["prefix_cache_hit_tokens_total"] > 0
+        if lazy:
+            assert engine.catch_up_seconds > 0
+    for eager_state, lazy_state in zip(states[False], states[True]):
+        torch.testing.assert_close(lazy_state, eager_state, rtol=1e-4, atol=1e-4)
+    everything = prompts[4:] + prompts + prompts[:1]
+    assert len(outputs[True]) == len(everything)
+    for prompt, eager_out, lazy_out in zip(everything, outputs[False], outputs[True]):
+        assert lazy_out == eager_out == hf_greedy(base, prompt, n)
+
+
+def test_an_engine_that_never_speculates_never_prefills_the_draft(pair, model):
+    tok, base, _, prompts = pair
+    prompts, computed = prompts[:4], {}
+    for lazy in (False, True):
+        model.kv_cache.reset()
+        engine = Scripted(model, tok, ks=[0, 3], measure=False, lazy_draft_prefill=lazy)
+        engine.script = (0,)
+        engine.costs.observe(0, 1, 1.0)
+        ids, finished = run(engine, prompts, 8)
+        for rid, prompt in zip(ids, prompts):
+            assert finished[rid] == hf_greedy(base, prompt, 8)
+        computed[lazy] = engine.stats.prefill_tokens_computed_draft
+        assert engine.metrics()["kv_blocks_used"] == 0
+    assert computed[False] == sum(len(p) for p in prompts) and computed[True] == 0
+
+
+def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, model):
+    tok, base, _, prompts = pair
+    short, long = sorted(prompts[2:4], key=len)
+    model.kv_cache.reset()
+    # (by default off where prefix caching is on: a block is cached only with the draft's K/V)
+    assert not Scripted(model, tok, ks=[0, 3], measure=False).lazy_draft_prefill
+    engine = Scripted(model, tok, ks=[0, 3], measure=False, resume_window=len(long), lazy_draft_prefill=True)
+    engine.script = (0, 3)
+    engine.costs.observe(0, 1, 1.0)
+    ids, finished = run(engine, [short], 12, later=[long])  # (admitted apart: a group is lazy when all fit)
+    for rid, prompt in zip(ids, (short, long)):
+        assert finished[rid] == hf_greedy(base, prompt, 12)
+    # the short prompt deferred, the long one (it and its pending token past the ring) prefilled
+    assert engine.stats.prefill_tokens_computed_draft == len(long)
