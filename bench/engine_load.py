@@ -14,12 +14,14 @@ interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untime
 In a round (--interleave steps, the default) every setting's closed loop runs at once, in turns of
 --slice-seconds of one engine's steps, a different one first each round, and each is timed by its
 own steps only: the machine's drift (seconds, against turns of a quarter second) falls on every
-setting alike
-(each speculating setting has a compiled pair of its own, for its own KV pool and slots).
+setting alike (the k=3 pair's KV pool then holds every speculating setting's sequences).
 --interleave runs: the settings' loops back to back, each timed by its wall clock.
 --draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
 as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
-show what speculating costs a request before it decodes.
+show what speculating costs a request before it decodes. --eager-draft-prefill adds "adaptive
+eager": adaptive speculation with every prompt's draft prefill at admission (lazy_draft_prefill=
+False), against adaptive's default (without prefix caching: lazy, the draft's prefill deferred to
+its catch-up).
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
 the ratios of the medians and the paired ratios (a setting's tok/s over another's in the same round,
@@ -32,6 +34,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
     python bench/engine_load.py                       # about 14 minutes on a 2-core CPU
     python bench/engine_load.py --concurrency 1,16 --repeats 3
     python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
+    python bench/engine_load.py --concurrency 4,16,64 --eager-draft-prefill
 """
 from __future__ import annotations
 
@@ -63,12 +66,14 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
     ap.add_argument("--draft-cost", action="store_true", help='also run "k=0 spec": k=0 on the k=3 pair '
                     "(it prefills the draft), against the draft-less k=0")
+    ap.add_argument("--eager-draft-prefill", action="store_true", help='also run "adaptive eager": adaptive '
+                    "with lazy_draft_prefill=False (every prompt's draft prefill at admission), against adaptive")
     ap.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
                     help="every engine's length groups (a step's batch as cycles of like context lengths where priced "
                          "cheaper; eagle_fx.serving.length_groups)")
     ap.add_argument("--interleave", choices=["steps", "runs"], default="steps",
                     help="steps: in each round the settings' closed loops run at once, in turns of "
-                         "--slice-seconds of one engine's steps, each timed by its own steps (every speculating setting on a pair of its own); runs: "
+                         "--slice-seconds of one engine's steps, each timed by its own steps; runs: "
                          "each round runs the settings' loops back to back")
     ap.add_argument("--slice-seconds", type=float, default=0.25, help="--interleave steps: an engine's turn (its "
                     "steps until it has run this long)")
@@ -108,6 +113,7 @@ class Timed:
 
 
 RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
+EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive eager", "k=0"), ("adaptive", "adaptive eager"))
 CONFIDENCE = 0.9
 
 
@@ -135,7 +141,7 @@ class ClosedLoop:
         self.engine, self.timed, self.params = engine, timed, SamplingParams
         self.pending, self.outputs, self.ids, self.seconds = iter(enumerate(requests)), {}, {}, 0.0
         timed.clear()
-        self.off_before = dict(engine.off_events)
+        self.off_before, self.catch_up_before = dict(engine.off_events), engine.catch_up_seconds
         started = time.perf_counter()
         for _ in range(c):
             self._add()
@@ -162,7 +168,8 @@ class ClosedLoop:
         tokens, engine, timed = sum(len(o) for o in self.outputs.values()), self.engine, self.timed
         return {"tok_s": tokens / self.seconds, "wall_s": self.seconds, "output_tokens": tokens,
                 "outputs": self.outputs, "prefill_s": timed.seconds["_prefill_chunk"],
-                "cycles_s": timed.seconds["_cycle"], "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
+                "cycles_s": timed.seconds["_cycle"], "catch_up_s": engine.catch_up_seconds - self.catch_up_before,
+                "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
                 "off_events": {reason: n - self.off_before[reason] for reason, n in engine.off_events.items()
                                if n > self.off_before[reason]}}
 
@@ -215,17 +222,20 @@ def main(argv=None) -> int:
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
-    model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
+    speculating = 2 + args.draft_cost + args.eager_draft_prefill  # the settings on the k=3 pair
+    # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
+    # its GEMMs anew), so its KV pool holds every one's sequences
+    per_setting = args.max_batch_size * -(-(args.max_seq_len + 16) // 16)
+    blocks = (speculating if args.interleave == "steps" else 1) * per_setting
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, num_blocks=blocks, **common)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
-
-    def pair():  # interleaved steps: engines at once need KV pools (and slots) of their own
-        return model if args.interleave == "runs" else eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
-
     split = dict(split_by_length=args.split_by_length)
-    engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(pair(), tok, 3, **split),
+    engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
                "k=0": Engine(plain, tok, 0, **split)}
     if args.draft_cost:
-        engines["k=0 spec"] = Engine(pair(), tok, 0, **split)
+        engines["k=0 spec"] = Engine(model, tok, 0, **split)
+    if args.eager_draft_prefill:
+        engines["adaptive eager"] = Engine(model, tok, "adaptive", lazy_draft_prefill=False, **split)
     settings = list(engines)
     timers = {name: Timed(engine) for name, engine in engines.items()}
     log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")
@@ -251,10 +261,10 @@ def main(argv=None) -> int:
                 del r["outputs"]
                 runs[name].append(r)
                 log(f"c={c} {name} #{rep + 1}: {r['tok_s']:.1f} tok/s (prefill {r['prefill_s']:.2f} s, cycles "
-                    f"{r['cycles_s']:.2f} s, cycles by k {r['cycles_by_k']}, speculation-off events {r['off_events']}), "
-                    f"greedy-exact {r['exact']}/{n}")
+                    f"{r['cycles_s']:.2f} s, draft catch-ups {r['catch_up_s']:.2f} s, cycles by k {r['cycles_by_k']}, "
+                    f"speculation-off events {r['off_events']}), greedy-exact {r['exact']}/{n}")
         med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
-        ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in RATIOS}
+        ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in RATIOS + EXTRA_RATIOS if a in runs and b in runs}
         points.append({"concurrency": c, "requests": n, "median_tok_s": med, "paired_ratios": ratios, "runs": runs})
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "points": points}, f, indent=2)
@@ -282,10 +292,11 @@ def main(argv=None) -> int:
     how = "stepped in turn" if args.interleave == "steps" else "back to back"
     print(f"\npaired ratios: per round (the settings' loops {how}, each first in turn), their median "
           f"[{CONFIDENCE:.0%} interval of the median]")
-    print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>22}" for a, b in RATIOS))
+    shown = [pair for pair in RATIOS + EXTRA_RATIOS if f"{pair[0]}/{pair[1]}" in points[0]["paired_ratios"]]
+    print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>26}" for a, b in shown))
     for p in points:
-        ratios = [p["paired_ratios"][f"{a}/{b}"]["per_round"] for a, b in RATIOS]
-        print(f"{p['concurrency']:>4} " + " ".join(f"{median_text(r, CONFIDENCE):>22}" for r in ratios))
+        ratios = [p["paired_ratios"][f"{a}/{b}"]["per_round"] for a, b in shown]
+        print(f"{p['concurrency']:>4} " + " ".join(f"{median_text(r, CONFIDENCE):>26}" for r in ratios))
     print(f"medians of {args.repeats} rounds per setting ({args.backend}, lengths {args.min_tokens}.."
           f"{args.max_tokens}, prefix caching off); greedy-exact in every run: {all_exact}")
     return 0 if all_exact else 1

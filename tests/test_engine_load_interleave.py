@@ -29,6 +29,8 @@ class FakeEngine:
     """Each step costs `step_seconds` of the clock and finishes the oldest request with its max_tokens
     tokens; like Engine, it measures the time since its last step ended as a cost of its own."""
 
+    catch_up_seconds = 0.0
+
     def __init__(self, clock, step_seconds, log):
         self.clock, self.step_seconds, self.log = clock, step_seconds, log
         self.off_events, self.queue, self.gaps, self._step_ended = {}, [], [], None

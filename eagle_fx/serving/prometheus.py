@@ -41,7 +41,8 @@ SCALARS = (
      "What adaptive speculation priced those cycles at (the difference from k_switch_seconds_total is what "
      "switching k cost beyond its prices: it may be negative)."),
     ("eagle_fx:draft_catch_up_seconds_total", "counter", "draft_catch_up_seconds_total",
-     "Seconds of the draft's catch-up calls over tokens committed at k = 0, before a cycle at k > 0."),
+     "Seconds of the draft's catch-up calls over tokens committed at k = 0 and prompts whose draft prefill "
+     "was deferred (lazy draft prefill), before a cycle at k > 0."),
 )
 
 # (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help); a tuple of

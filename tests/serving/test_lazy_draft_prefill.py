@@ -123,3 +123,35 @@ def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, 
         assert finished[rid] == hf_greedy(base, prompt, 12)
     # the short prompt deferred, the long one (it and its pending token past the ring) prefilled
     assert engine.stats.prefill_tokens_computed_draft == len(long)
+
+
+def test_a_catch_up_is_priced_over_the_tokens_it_lets_speculate(pair, model, monkeypatch):
+    """pick_k hands choose_k, as what a catch-up is repaid over, the output tokens left to the
+    requests behind the draft, at most the median tokens of the last runs at k > 0 (a catch-up after
+    every short return to k > 0 is repaid by those runs, not by every token left)."""
+    import eagle_fx.serving.engine as engine_module
+
+    tok, _, _, prompts = pair
+    model.kv_cache.reset()
+    engine = Engine(model, tok, "adaptive", measure=False, lazy_draft_prefill=True)
+    for k in engine.ks:
+        engine.costs.observe(k, 1, 1.0)
+    for p, n in zip(prompts[:3], (40, 50, 60)):
+        engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
+    seen = []
+    monkeypatch.setattr(engine_module, "choose_k", lambda *args: seen.append(args) or (0, False))
+    while len(engine.running) < 3:  # (at k = 0: the prompts' draft prefill stays deferred)
+        engine.step()
+    seen.clear()
+    spec = list(engine.running)
+    behind = [r for r in spec if r.draft_upto < r.committed]  # (lazy: every prompt is behind the draft)
+    assert behind == spec
+    left = sum(r.params.max_tokens - len(r.output) for r in spec)
+    engine.stints.clear()
+    engine.pick_k(spec, [])
+    engine.stints.extend([7, 30, 12])
+    engine.pick_k(spec[:2], spec[2:])
+    assert seen[0][7] == left  # choose_k's remaining: no runs at k > 0 yet
+    assert (seen[1][7], seen[1][12]) == (12, 12)  # remaining, ride_remaining: the runs' median
+    while engine.has_unfinished():
+        engine.step()
