@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import statistics
 import time
 from collections import deque
 
@@ -127,9 +126,6 @@ class Engine:
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k, self.current_ride = ks[-1], False  # the last cycle's k; whether requests at k = 0 rode in it
-        # output tokens of the last runs of steps at k > 0 between steps at k = 0 (what a catch-up was repaid over)
-        self.stints: deque[int] = deque(maxlen=9)
-        self._stint = 0
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
@@ -235,9 +231,6 @@ class Engine:
         k, ride = self.pick_k(spec, off) if self.adaptive and spec else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["cost"] += 1
-        if k == 0 and self._stint:
-            self.stints.append(self._stint)
-            self._stint = 0
         self.current_k, self.current_ride = k, ride
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
@@ -268,12 +261,9 @@ class Engine:
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
-        # what a catch-up is repaid over: the output tokens left to the requests it lets speculate, at most
-        # what the steps at k > 0 after the last ones made before a step at k = 0 (median of the last 9)
-        repaid = statistics.median(self.stints) if self.stints else float("inf")
+        # what a catch-up is repaid over: the output tokens left to the requests it lets speculate
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec if r.draft_upto < r.committed)
         ride_remaining = remaining + sum(r.params.max_tokens - len(r.output) for r in off if r.draft_upto < r.committed)
-        remaining, ride_remaining = min(remaining, repaid), min(ride_remaining, repaid)
         return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
                         catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off),
                         ride_remaining)
@@ -320,7 +310,6 @@ class Engine:
             r.committed += a + 1
             if k > 0:
                 r.draft_upto = r.committed
-                self._stint += a + 1
                 self._record(r, k, a)
             elif not self.adaptive:  # fixed k = 0: every cycle a step of no drafts (vLLM's count, generate's)
                 self.stats.record([0], 0)

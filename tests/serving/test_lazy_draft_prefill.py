@@ -125,10 +125,11 @@ def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, 
     assert engine.stats.prefill_tokens_computed_draft == len(long)
 
 
-def test_a_catch_up_is_priced_over_the_tokens_it_lets_speculate(pair, model, monkeypatch):
+
+def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair, model, monkeypatch):
     """pick_k hands choose_k, as what a catch-up is repaid over, the output tokens left to the
-    requests behind the draft, at most the median tokens of the last runs at k > 0 (a catch-up after
-    every short return to k > 0 is repaid by those runs, not by every token left)."""
+    requests behind the draft (ride_remaining: with the off requests behind too), not every running
+    request's: in steady traffic each request's catch-up is repaid by its own tokens."""
     import eagle_fx.serving.engine as engine_module
 
     tok, _, _, prompts = pair
@@ -142,16 +143,14 @@ def test_a_catch_up_is_priced_over_the_tokens_it_lets_speculate(pair, model, mon
     monkeypatch.setattr(engine_module, "choose_k", lambda *args: seen.append(args) or (0, False))
     while len(engine.running) < 3:  # (at k = 0: the prompts' draft prefill stays deferred)
         engine.step()
+    a, b, c = engine.running
+    assert all(r.draft_upto < r.committed for r in (a, b, c))
+    b.draft_upto = b.committed  # (as if its draft had caught up)
     seen.clear()
-    spec = list(engine.running)
-    behind = [r for r in spec if r.draft_upto < r.committed]  # (lazy: every prompt is behind the draft)
-    assert behind == spec
-    left = sum(r.params.max_tokens - len(r.output) for r in spec)
-    engine.stints.clear()
-    engine.pick_k(spec, [])
-    engine.stints.extend([7, 30, 12])
-    engine.pick_k(spec[:2], spec[2:])
-    assert seen[0][7] == left  # choose_k's remaining: no runs at k > 0 yet
-    assert (seen[1][7], seen[1][12]) == (12, 12)  # remaining, ride_remaining: the runs' median
+    engine.pick_k([a, b], [c])
+
+    def left(*requests):
+        return sum(r.params.max_tokens - len(r.output) for r in requests)
+    assert (seen[0][7], seen[0][12]) == (left(a), left(a, c))  # remaining, ride_remaining
     while engine.has_unfinished():
         engine.step()
