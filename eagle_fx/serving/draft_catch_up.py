@@ -1,4 +1,5 @@
-"""The draft's catch-up after cycles at k = 0: one draft-prefill call over the tokens it has not seen.
+"""The draft's catch-up after cycles at k = 0, or after a prompt whose draft prefill was deferred
+(the engine's lazy draft prefill): one draft-prefill call over the tokens the draft has not seen.
 
 A request decoded at k = 0 commits tokens the draft never processed. Unshifted (draft slot p holds
 (t_p, f_{p-1})), the draft of a request whose draft last processed slot u and whose committed
@@ -6,7 +7,9 @@ length is m (x_m pending) misses slots u+1..m: tokens x_{u+1}..x_m with base fea
 Those features came out of the k = 0 verifies (the engine keeps them in a ring per slot, indexed by
 position mod its length); the draft prefill graph takes them as a chunk [u+1, m+1) with carry f_u,
 exactly as a prompt chunk (eagle_fx.runtime.prefill), and its output at x_m is the draft's state
-for the next cycle: what d_1 is drawn from.
+for the next cycle: what d_1 is drawn from. After a lazy prefill u = c - 1 (c prompt tokens from
+the prefix cache, whose draft K/V is there) and the ring holds the prompt's base features from the
+base prefill and, at u, the prefill's carry: the base feature at c - 1, or the bootstrap for u = -1.
 """
 from __future__ import annotations
 

@@ -1,36 +1,17 @@
-"""Lazy draft prefill (Engine lazy_draft_prefill, the default when adaptive): a prompt's draft prefill
-deferred to the draft's catch-up. Oracles: the draft's state when it first drafts for a request is
-the eager prefill's (the same logits), every output == HF greedy, and an engine that never
-speculates never runs the draft over a prompt."""
+"""Lazy draft prefill (Engine lazy_draft_prefill, the default when adaptive without prefix caching):
+a prompt's draft prefill deferred to the draft's catch-up. Oracles: the draft's state when it first
+drafts for a request is the eager prefill's (the same logits), every output == HF greedy, and an
+engine that never speculates never runs the draft over a prompt."""
 import pytest
 import torch
 
-import eagle_fx
-from eagle_fx.bundled import load_pair, pair_dirs
 from eagle_fx.serving import Engine, SamplingParams
-
-TEXTS = ["Hello, how are you?", "Write a poem about the sea", "What is the capital of France? Explain in detail.",
-         "Tell me about python programming language and why people like it so much",
-         "Why is the sky blue? I asked my teacher and she said it is because of the way sunlight is scattered by the "
-         "air, but I did not understand what that means. Can you explain it step by step, simply?"]
+from tests.serving.test_engine import hf_greedy, model, pair  # noqa: F401 (the same bundled pair, compiled alike)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    tok, base, draft = load_pair(*pair_dirs())
-    return tok, base, draft, [tok(t)["input_ids"] for t in TEXTS]
-
-
-@pytest.fixture(scope="module")
-def model(pair):
-    tok, base, draft, _ = pair
-    return eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=256,
-                            prefill_chunk_size=8, prefix_caching=True)
-
-
-def hf_greedy(base, prompt, n):
-    out = base.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+def five(pair):
+    """Four short prompts and a long one (over two KV blocks: a prefix hit when repeated)."""
+    return [pair[3][i] for i in (0, 1, 2, 4, 5)]
 
 
 class Scripted(Engine):
@@ -67,7 +48,8 @@ def run(engine, prompts, n, later=()):
 
 @pytest.mark.parametrize("script", [(3,), (0, 0, 3, 1, 0)], ids=["always", "switching"])
 def test_the_draft_after_its_catch_up_is_the_draft_after_its_prefill(pair, model, script):
-    tok, base, _, prompts = pair
+    tok, base, _, _ = pair
+    prompts = five(pair)
     n = 20
     states, outputs = {}, {}
     for lazy in (False, True):
@@ -94,8 +76,8 @@ def test_the_draft_after_its_catch_up_is_the_draft_after_its_prefill(pair, model
 
 
 def test_an_engine_that_never_speculates_never_prefills_the_draft(pair, model):
-    tok, base, _, prompts = pair
-    prompts, computed = prompts[:4], {}
+    tok, base, _, _ = pair
+    prompts, computed = five(pair)[:4], {}
     for lazy in (False, True):
         model.kv_cache.reset()
         engine = Scripted(model, tok, ks=[0, 3], measure=False, lazy_draft_prefill=lazy)
@@ -110,8 +92,8 @@ def test_an_engine_that_never_speculates_never_prefills_the_draft(pair, model):
 
 
 def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, model):
-    tok, base, _, prompts = pair
-    short, long = sorted(prompts[2:4], key=len)
+    tok, base, _, _ = pair
+    short, long = sorted(five(pair)[2:4], key=len)
     model.kv_cache.reset()
     # (by default off where prefix caching is on: a block is cached only with the draft's K/V)
     assert not Scripted(model, tok, ks=[0, 3], measure=False).lazy_draft_prefill
@@ -132,7 +114,7 @@ def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair
     request's: in steady traffic each request's catch-up is repaid by its own tokens."""
     import eagle_fx.serving.engine as engine_module
 
-    tok, _, _, prompts = pair
+    tok, prompts = pair[0], five(pair)
     model.kv_cache.reset()
     engine = Engine(model, tok, "adaptive", measure=False, lazy_draft_prefill=True)
     for k in engine.ks:
