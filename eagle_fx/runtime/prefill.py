@@ -38,11 +38,11 @@ def prefill(model, call, wave, carry: torch.Tensor) -> Prefilled:
             return done.value
 
 
-def prefill_chunks(model, call, wave, carry: torch.Tensor, draft: bool = True, keep_features=None):
+def prefill_chunks(model, call, wave, carry: torch.Tensor, draft_prefill: bool = True, keep_features=None):
     """prefill() one chunk at a time: a generator that yields after each chunk (the serving engine
     runs decode cycles in between) and returns the Prefilled. wave.spec_rows (when set): each
     sequence's row of the per-sequence buffers (the engine's slot), else its index in the wave.
-    draft=False: the base's prefill only (the serving engine's lazy draft prefill: the draft catches
+    draft_prefill=False: the base's prefill only (the serving engine's lazy draft prefill: the draft catches
     up later, from the base features, eagle_fx.serving.draft_catch_up); keep_features(rows, positions,
     features), when given, receives each chunk's base features with each token's row and position."""
     device, block_size = model.device, model.options.block_size
@@ -56,7 +56,8 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor, draft: bool = True, k
     last_features = carry.clone()
     draft_logits = draft_hidden = None
     # (kv_share=LAYER's pruned draft prefill computes no K/V of its own: its pending rows go to enter_draft)
-    pending_in_draft = bool(model.draft_offset) and model.speculates and model.kv_cache.kv_mode != "layer" and draft
+    pending_in_draft = (bool(model.draft_offset) and model.speculates and model.kv_cache.kv_mode != "layer"
+                        and draft_prefill)
     while True:
         chunk_seqs = [s for s in range(num_seqs) if done[s] < lens[s]]
         if not chunk_seqs:
@@ -89,7 +90,7 @@ def prefill_chunks(model, call, wave, carry: torch.Tensor, draft: bool = True, k
         ends = torch.tensor([end for begin, end in spans], **long)
         if keep_features is not None:
             keep_features(spec_rows[seq], positions, features)
-        if not (model.speculates and draft):  # num_spec_tokens=0: no draft; or the draft's prefill deferred
+        if not (model.speculates and draft_prefill):  # num_spec_tokens=0: no draft; or the draft's prefill deferred
             chunk_logits, chunk_hidden = logits.new_zeros(len(chunk_seqs), 0), features.new_zeros(len(chunk_seqs), 0)
         else:
             draft = dict(input_ids=ids, positions=positions, features=features, logits_indices=last,

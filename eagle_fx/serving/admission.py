@@ -76,7 +76,7 @@ def admit(engine) -> None:
             engine.features[rows, positions % window] = features
     for r in group:
         r.lazy = lazy
-    chunks = prefill_chunks(engine.model, call, wave, carry, draft=not lazy, keep_features=keep)
+    chunks = prefill_chunks(engine.model, call, wave, carry, draft_prefill=not lazy, keep_features=keep)
     engine.prefilling.append((group, chunks, wave, call))
 
 

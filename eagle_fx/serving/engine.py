@@ -107,8 +107,9 @@ class Engine:
         self.draft_logits = torch.zeros(slots, draft_vocab, device=model.device, dtype=model.dtype)
         self.draft_hidden = torch.zeros(slots, draft_hidden, device=model.device, dtype=model.dtype)
         self.tables = torch.zeros(slots, self.kv.blocks_per_seq, **long)
-        self.features = torch.zeros(slots, self.resume_window, spec.feature_dim, device=model.device, dtype=model.dtype) \
-            if self.adaptive else None  # base features of tokens committed at k = 0 (the draft's catch-up)
+        # base features of tokens the draft has not seen (committed at k = 0; lazy: prompts), for its catch-up
+        self.features = torch.zeros(slots, self.resume_window, spec.feature_dim, device=model.device,
+                                    dtype=model.dtype) if self.adaptive else None
         self.free_slots = list(range(slots - 1, -1, -1))
         self.waiting: deque[Request] = deque()
         self.prefilling: list[tuple] = []  # (requests, chunk generator, wave, call) in order of admission
