@@ -16,6 +16,9 @@ In a round (--interleave steps, the default) every setting's closed loop runs at
 own steps only: the machine's drift (seconds, against turns of a quarter second) falls on every
 setting alike (the k=3 pair's KV pool then holds every speculating setting's sequences).
 --interleave runs: the settings' loops back to back, each timed by its wall clock.
+--held-at-k0 adds "adaptive at k=0": adaptive speculation whose every cycle is held at k = 0 (it
+still decides each step and defers its prompts' draft prefill), against the draft-less k=0: what
+adaptive costs beside its choices of k (its choices' share is the rest of adaptive / k=0).
 --draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
 as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
 show what speculating costs a request before it decodes. --eager-draft-prefill adds "adaptive
@@ -35,6 +38,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
     python bench/engine_load.py --concurrency 1,16 --repeats 3
     python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
     python bench/engine_load.py --concurrency 4,16,64 --eager-draft-prefill
+    python bench/engine_load.py --concurrency 4 --held-at-k0
 """
 from __future__ import annotations
 
@@ -66,6 +70,8 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
     ap.add_argument("--draft-cost", action="store_true", help='also run "k=0 spec": k=0 on the k=3 pair '
                     "(it prefills the draft), against the draft-less k=0")
+    ap.add_argument("--held-at-k0", action="store_true", help='also run "adaptive at k=0": adaptive whose every '
+                    "cycle is held at k = 0, against the draft-less k=0 (adaptive's costs beside its choices)")
     ap.add_argument("--eager-draft-prefill", action="store_true", help='also run "adaptive eager": adaptive '
                     "with lazy_draft_prefill=False (every prompt's draft prefill at admission), against adaptive")
     ap.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
@@ -113,7 +119,7 @@ class Timed:
 
 
 RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
-EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive eager", "k=0"), ("adaptive", "adaptive eager"))
+EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"), ("adaptive", "adaptive eager"))
 CONFIDENCE = 0.9
 
 
@@ -124,6 +130,20 @@ def paired(runs: dict, a: str, b: str) -> dict:
     bounds = median_interval(ratios, CONFIDENCE)
     return {"per_round": ratios, "median": statistics.median(ratios),
             "interval": None if bounds is None else list(bounds[1:])}
+
+
+def adaptive_held_at_zero(model, tokenizer, **kwargs):
+    """An adaptive engine whose every cycle runs at k = 0: it still decides each step (pick_k runs,
+    its costs are kept) and defers its prompts' draft prefill (lazy), so against the draft-less k=0
+    it shows what adaptive speculation costs beside its choices of k."""
+    from eagle_fx.serving.engine import Engine
+
+    class AdaptiveHeldAtZero(Engine):
+        def pick_k(self, spec, off):
+            super().pick_k(spec, off)
+            return 0, False
+
+    return AdaptiveHeldAtZero(model, tokenizer, "adaptive", **kwargs)
 
 
 def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
@@ -222,7 +242,7 @@ def main(argv=None) -> int:
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
-    speculating = 2 + args.draft_cost + args.eager_draft_prefill  # the settings on the k=3 pair
+    speculating = 2 + args.draft_cost + args.eager_draft_prefill + args.held_at_k0  # the settings on the k=3 pair
     # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences
     per_setting = args.max_batch_size * -(-(args.max_seq_len + 16) // 16)
@@ -234,6 +254,8 @@ def main(argv=None) -> int:
                "k=0": Engine(plain, tok, 0, **split)}
     if args.draft_cost:
         engines["k=0 spec"] = Engine(model, tok, 0, **split)
+    if args.held_at_k0:
+        engines["adaptive at k=0"] = adaptive_held_at_zero(model, tok, **split)
     if args.eager_draft_prefill:
         engines["adaptive eager"] = Engine(model, tok, "adaptive", lazy_draft_prefill=False, **split)
     settings = list(engines)
