@@ -244,10 +244,10 @@ def main(argv=None) -> int:
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     speculating = 2 + args.draft_cost + args.eager_draft_prefill + args.held_at_k0  # the settings on the k=3 pair
     # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
-    # its GEMMs anew), so its KV pool holds every one's sequences
-    per_setting = args.max_batch_size * -(-(args.max_seq_len + 16) // 16)
-    blocks = (speculating if args.interleave == "steps" else 1) * per_setting
-    model = eagle_fx.compile(base, draft, num_spec_tokens=3, num_blocks=blocks, **common)
+    # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
+    if args.interleave == "steps" and speculating > 1:
+        model = model.replace(num_blocks=speculating * model.kv_cache.num_blocks)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
     split = dict(split_by_length=args.split_by_length)
     engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
