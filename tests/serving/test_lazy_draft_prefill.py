@@ -107,7 +107,6 @@ def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, 
     assert engine.stats.prefill_tokens_computed_draft == len(long)
 
 
-
 def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair, model, monkeypatch):
     """pick_k hands choose_k, as what a catch-up is repaid over, the output tokens left to the
     requests behind the draft (ride_remaining: with the off requests behind too), not every running
