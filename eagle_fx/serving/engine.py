@@ -44,13 +44,15 @@ import torch
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, decode_columns
 from eagle_fx.runtime.stats import SpecDecodeStats
-from eagle_fx.serving.adaptive import Acceptance, Exploration, SizeCosts, StepCosts, choose_k, speculation_ks
+from eagle_fx.serving.adaptive import (Acceptance, Exploration, SizeCosts, StepCosts, best_plan, close_rivals, plan_rates,
+                                       speculation_ks)
 from eagle_fx.serving.admission import admit, prefill_step
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
 from eagle_fx.serving.length_groups import choice_prices, length_groups
+from eagle_fx.serving.plain_check import PLAIN, PlainCheck
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
@@ -60,21 +62,24 @@ class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
                  resume_window: int | None = None, measure: bool = True, call: GenerateCall | None = None,
-                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = False,
-                 lazy_draft_prefill: bool | None = None):
+                 admission: str = "continuous", explore_every: int = 200, explore_close_every: int | None = 25,
+                 split_by_length: bool = False, lazy_draft_prefill: bool | None = None, plain_check: bool = True):
         """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
         run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
-        or stale cost does not keep it out (its service cost replaces it). split_by_length (opt-in): a step's batch
+        or stale cost does not keep it out (its service cost replaces it); a k priced within adaptive.CLOSE of the
+        choice, after explore_close_every (None: explore_every). split_by_length (opt-in): a step's batch
         runs as cycles of like context lengths where the measured prices say that is cheaper (length_groups;
         the probe then runs at a fixed k too). resume_window: positions of base features kept per slot for
         the draft's catch-up (None: a whole sequence, max_seq_len + the cycle's lookahead, which never wraps;
         feature_dim values per position and slot). lazy_draft_prefill (adaptive only): a prompt's draft prefill
         deferred to its catch-up (where its prompt fits the ring); None: on unless prefix caching is (a block
-        enters the prefix cache only with the draft's K/V, which a deferred prefill may never compute)."""
+        enters the prefix cache only with the draft's K/V, which a deferred prefill may never compute).
+        plain_check (adaptive only): its choices checked against plain decoding in adjacent epochs, the
+        faster arm running (eagle_fx.serving.plain_check)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission
@@ -84,7 +89,7 @@ class Engine:
             raise ValueError("the serving engine takes token prompts; a vision-language pair runs with generate()")
         k_max, ks = model.num_spec_tokens, speculation_ks(model, speculation, ks)
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
-        self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every)
+        self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every, explore_close_every)
         self.split_by_length = split_by_length and not model.static_steps
         self._ks_before, self._ks_now = set(), set()  # the ks of the last step's cycles, and of this one's
         # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
@@ -131,6 +136,8 @@ class Engine:
         self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
         self.switch_cycles, self.switch_seconds, self.switch_priced, self.catch_up_seconds = 0, 0.0, 0.0, 0.0
+        self.plain_check = PlainCheck() if plain_check and self.adaptive else None
+        self._step_tokens = 0
         self._ids, self._warned_collapse = itertools.count(), False
         if measure and (self.adaptive or self.split_by_length):
             measure_cycle_costs(self)  # into self.costs (eagle_fx.serving.cost_probe)
@@ -205,13 +212,16 @@ class Engine:
         if self.prefilling:
             self._prefill_chunk(outputs)
         prefill_seconds = time.perf_counter() - prefill_seconds
-        size, self._cycle_seconds = len(self.running), 0.0  # (_cycle_seconds: cycles and catch-ups)
+        size, self._cycle_seconds, self._step_tokens = len(self.running), 0.0, 0  # (cycles and catch-ups)
         self._ks_before, self._ks_now = self._ks_now, set()
         if self.running:
             self._decode(outputs)
         ended = time.perf_counter()
         if size and self._step_ended is not None:  # the seconds between cycles: since the last step, and in this one
             self.outside.observe(size, ended - self._step_ended - prefill_seconds - self._cycle_seconds)
+        if size and self.plain_check is not None:  # (outside the cycles: the robust estimate, not this gap)
+            outside = self.outside.cost(size) if self.outside else 0.0
+            self.plain_check.record(self._step_tokens, self._cycle_seconds + outside, size)
         self._step_ended = ended if self.running else None  # else the caller may wait for requests: not a cost
         return outputs
 
@@ -229,9 +239,10 @@ class Engine:
                 r.watch.clear()
         spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
         off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
-        k, ride = self.pick_k(spec, off) if self.adaptive and spec else (self.ks[0], False)
+        plain = self.plain_check is not None and self.plain_check.arm == PLAIN
+        k, ride = self.pick_k(spec, off) if self.adaptive and spec and not plain else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
-            self.off_events["cost"] += 1
+            self.off_events["plain_check" if plain else "cost"] += 1
         self.current_k, self.current_ride = k, ride
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
@@ -255,19 +266,18 @@ class Engine:
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
-        stale = self.exploration.due(len(spec), lambda k: k == 0 or catch_up <= self.costs.cost(
-            k, len(spec), float('inf'), keys[0]))  # (a k > 0 unless its catch-up costs more than its cycle)
-        if stale is not None:
-            return stale, False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         # what a catch-up is repaid over: the output tokens left to the requests it lets speculate
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec if r.draft_upto < r.committed)
         ride_remaining = remaining + sum(r.params.max_tokens - len(r.output) for r in off if r.draft_upto < r.committed)
-        return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
-                        catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off),
-                        ride_remaining)
+        plans = plan_rates(self.ks, self.costs, rates, len(off), self.outside, catch_up, remaining, keys, off_rates,
+                           ride_catch_up, choice_prices(self, spec, off), ride_remaining)
+        chosen = best_plan(plans, (self.current_k, self.current_ride))
+        stale = self.exploration.due(len(spec), lambda k: k == 0 or catch_up <= self.costs.cost(
+            k, len(spec), float('inf'), keys[0]), close_rivals(plans, chosen))  # (k > 0: its catch-up within its cycle)
+        return (stale, False) if stale is not None else chosen
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""
@@ -295,6 +305,7 @@ class Engine:
         size = len(group)
         host = torch.cat([accepted_t, next_t, drafts.reshape(-1)]).tolist()
         accepted, next_token = host[:size], host[size:2 * size]
+        self._step_tokens += size + sum(accepted)
         self.pending[slots], self.committed[slots] = next_t, committed + accepted_t + 1
         if k > 0:
             self.draft_logits[slots], self.draft_hidden[slots] = draft_logits, draft_hidden

@@ -3,20 +3,23 @@ names them): requests running and waiting, KV blocks, vLLM's spec-decode counter
 finished requests per reason, speculation off per reason, decode cycles per k, structured output's
 requests and cycles, and what adaptive speculation decides from: its cycle costs per (k, batch size)
 at no keys (StepCosts.measured) and its seconds outside the cycles per batch size; and what running
-its choices costs that its prices leave out (cycles after a switch of k, the draft's catch-ups)."""
+its choices costs that its prices leave out (cycles after a switch of k, the draft's catch-ups); and
+its check against plain decoding (epochs per arm, adaptive / plain over the last comparisons)."""
 from __future__ import annotations
 
-OFF_REASONS = ("cost", "acceptance_collapse")
+from eagle_fx.serving.plain_check import PLAIN
+
+OFF_REASONS = ("cost", "acceptance_collapse", "plain_check")
 
 
 def engine_metrics(engine) -> dict:
-    st = engine.stats
+    st, check = engine.stats, engine.plain_check
     off = dict.fromkeys(OFF_REASONS, 0)
     for r in engine.running:
         if not (r.speculating and engine.can_speculate(r)):
             off[r.off_reason or "cost"] += 1
         elif engine.current_k == 0:
-            off["cost"] += 1
+            off["plain_check" if check is not None and check.arm == PLAIN else "cost"] += 1
     allocator = engine.kv.allocator
     return dict(
         num_requests_running=engine.num_running, num_requests_waiting=engine.num_waiting,
@@ -36,4 +39,6 @@ def engine_metrics(engine) -> dict:
         outside_seconds={str(b): v for b, v in engine.outside.measured().items()},
         switch_cycles_total=engine.switch_cycles, switch_seconds_total=engine.switch_seconds,
         switch_priced_seconds_total=engine.switch_priced,
-        draft_catch_up_seconds_total=engine.catch_up_seconds)
+        draft_catch_up_seconds_total=engine.catch_up_seconds,
+        **({} if check is None else {"plain_check_epochs_total": dict(check.epochs)}),
+        **({} if check is None or check.ratio is None else {"plain_check_ratio": check.ratio}))

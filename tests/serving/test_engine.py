@@ -176,9 +176,10 @@ def test_adaptive_explores_a_k_it_does_not_run_for_a_few_cycles(pair, model):
     """A k not run at the batch size for explore_every cycles runs EXPLORATION_CYCLES cycles in a row
     (the first after the switch, not measured, and MIN_SERVICE measured: what replaces the probe's cost
     there), then the cheaper k again. Costs are frozen so that k = 3 always
-    prices best: every k = 0 cycle at two running requests is an exploration's."""
+    prices best: every k = 0 cycle at two running requests is an exploration's (the check against plain
+    decoding off: its plain epochs run k = 0 too)."""
     tok, base, _, prompts = pair
-    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=12)
+    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=12, plain_check=False)
     for k, seconds in ((0, 1.0), (3, 1.1)):
         for size in (1, 2):
             engine.costs.observe(k, size, seconds * size)
@@ -233,7 +234,7 @@ def test_adaptive_counts_the_cycles_before_an_exploration_at_its_batch_size(pair
     last k = 0 there (the first: explore_every / FIRST_EXPLORATION after the first cycle there)."""
     tok, base, _, prompts = pair
     every = 16
-    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=every)
+    engine = Logged(model, tok, ks=[0, 3], measure=False, explore_every=every, plain_check=False)
     for k, seconds in ((0, 1.0), (3, 1.1)):
         for size in (1, 2):
             engine.costs.observe(k, size, seconds * size)

@@ -1,0 +1,124 @@
+"""PlainCheck: adaptive speculation against plain decoding in adjacent epochs (eagle_fx.serving.plain_check).
+
+Oracles: the arm schedule its rules give for rates fed to it (each epoch one record of exactly
+epoch_seconds), worked out by hand below; and an engine whose adaptive arm is slowed (a sleep in
+every cycle at k > 0) decodes at k = 0 but for one epoch in MAX_GAP + 1, every output == HF greedy."""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from eagle_fx.serving import Engine, SamplingParams
+from eagle_fx.serving.plain_check import ADAPTIVE, MAX_GAP, PAIRS, PLAIN, PlainCheck
+from tests.serving.test_engine import hf_greedy, model, pair  # noqa: F401 (the same bundled pair, compiled alike)
+
+
+def schedule(check: PlainCheck, rate, epochs: int, size: int = 4) -> str:
+    """Run `epochs` epochs, the arm of each from the check, its rate rate(arm, epoch) tokens per
+    request-second; returns the arms as a string (a: adaptive, p: plain)."""
+    arms = ""
+    for epoch in range(epochs):
+        arm = check.arm
+        arms += arm[0]
+        check.record(rate(arm, epoch) * check.epoch_seconds * size, check.epoch_seconds, size)
+    return arms
+
+
+def test_the_slower_arm_runs_one_epoch_after_a_gap_that_doubles_each_time_it_loses():
+    check = PlainCheck(epoch_seconds=1.0)
+    arms = schedule(check, lambda arm, _: 100.0 if arm == PLAIN else 80.0, 80)
+    # adaptive first; plain after one; plain wins the comparison with the adaptive epoch after it and
+    # leads; adaptive then trails, after gaps 1, 2, 4, 8, 16, 32 of plain's epochs
+    expected = "apa" + "".join("p" * gap + "a" for gap in (1, 2, 4, 8, 16, 32))
+    assert arms[:len(expected)] == expected
+    assert check.leader == PLAIN and check.gap == MAX_GAP
+    assert check.ratio == pytest.approx(0.8)
+
+
+def test_a_faster_adaptive_keeps_the_lead_and_plain_is_checked_ever_more_rarely():
+    check = PlainCheck(epoch_seconds=1.0)
+    arms = schedule(check, lambda arm, _: 150.0 if arm == ADAPTIVE else 100.0, 70)
+    # plain checked after one; adaptive wins and plain's gap doubles: the epoch compared counts in it
+    assert arms[:69] == "ap" + "".join("a" * gap + "p" for gap in (2, 4, 8, 16, 32))
+    assert check.ratio == pytest.approx(1.5) and check.leader == ADAPTIVE
+
+
+def test_a_change_of_which_arm_is_faster_is_seen_within_a_few_epochs_of_its_check():
+    """Plain faster for 40 epochs, then adaptive 1.5x faster: at plain's next check of adaptive
+    (its gap then 16) adaptive wins, the gap is back to 1 and, over PAIRS comparisons, the lead moves."""
+    check = PlainCheck(epoch_seconds=1.0)
+
+    def rate(arm, epoch):
+        if epoch < 40:
+            return 100.0 if arm == PLAIN else 80.0
+        return 150.0 if arm == ADAPTIVE else 100.0
+    arms = schedule(check, rate, 120)
+    first_after = arms.index("a", 40)
+    assert check.leader == ADAPTIVE
+    assert arms.index("aa", 40) - first_after < 2 * PAIRS + 4  # the lead moved within a few alternations
+    assert arms[-20:].count("p") <= 2
+
+
+def test_a_new_load_starts_the_comparisons_afresh_and_unlike_sizes_are_not_compared():
+    check = PlainCheck(epoch_seconds=1.0)
+    schedule(check, lambda arm, _: 100.0 if arm == PLAIN else 80.0, 40)
+    assert check.gap == MAX_GAP
+    check.record(100.0 * 64, 1.0, 64)  # an epoch at 64 in flight: 16x the size
+    assert check.gap == 1 and not check.ratios
+    before = list(check.ratios)
+    fresh = PlainCheck(epoch_seconds=1.0)
+    fresh.record(80.0 * 4, 1.0, 4)  # adaptive at 4
+    fresh.record(100.0 * 16, 1.0, 16)  # plain at 16: kept, not compared with an epoch at 4 ...
+    fresh.record(80.0 * 4, 1.0, 4)  # ... nor with this one
+    assert not fresh.ratios and before == []
+
+
+def test_an_epoch_is_its_tokens_per_request_second_whatever_its_steps():
+    check = PlainCheck(epoch_seconds=1.0)
+    for size in (3, 4, 4, 4, 3):  # 0.2 s steps of 3-4 requests at 10 tokens per request-second
+        check.record(10.0 * 0.2 * size, 0.2, size)
+    assert check.arm == PLAIN and check.epochs == {ADAPTIVE: 1, PLAIN: 0}
+    for size in (4, 4, 4, 4, 4):  # plain at 12.5 per request-second
+        check.record(12.5 * 0.2 * size, 0.2, size)
+    for size in (4, 4, 4, 4, 4):  # adaptive again at 10: compared with the plain epoch
+        check.record(10.0 * 0.2 * size, 0.2, size)
+    assert check.ratio == pytest.approx(0.8) and check.leader == PLAIN
+    assert math.isclose(sum(check.ratios), math.log(0.8))
+
+
+def test_the_engine_decodes_at_k0_when_its_speculation_is_slower(pair, model):
+    """Every cycle at k > 0 slowed by a sleep: the check leads with plain, so that all but the first
+    epochs and one in MAX_GAP + 1 later run at k = 0 (no pick_k, no catch-up), and the outputs stay
+    HF's greedy ones across the arms' switches and the draft's catch-ups."""
+    tok, base, _, prompts = pair
+    model.kv_cache.reset()
+    engine = Engine(model, tok, "adaptive", ks=[0, 3], measure=False, lazy_draft_prefill=True)
+    engine.plain_check.epoch_seconds = 0.05
+    for k, seconds in ((0, 1.0), (3, 1.1)):  # priced so that k = 3 is always pick_k's choice
+        for size in (1, 2, 3):
+            engine.costs.observe(k, size, seconds * size)
+    engine.costs.observe = lambda *args, **kwargs: None
+    slow = engine.cycles[3]
+
+    def slowed(*args, **kwargs):
+        time.sleep(0.02)
+        return slow(*args, **kwargs)
+    engine.cycles[3] = slowed
+    arms = []
+    params = SamplingParams(max_tokens=160, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts[:3]]
+    finished = {}
+    while engine.has_unfinished():
+        arms.append(engine.plain_check.arm)
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.token_ids
+    for rid, prompt in zip(ids, prompts[:3]):
+        assert finished[rid] == hf_greedy(base, prompt, 160)
+    check = engine.plain_check
+    assert check.leader == PLAIN and check.ratio < 1
+    assert engine.cycles_by_k[0] > 3 * engine.cycles_by_k[3]
+    assert engine.metrics()["plain_check_epochs_total"] == check.epochs and check.epochs[PLAIN] > check.epochs[ADAPTIVE]
+    assert engine.off_events["plain_check"] >= 1 and engine.metrics()["kv_blocks_used"] == 0
