@@ -24,14 +24,16 @@ as the draft-less pair does but prefills the draft too: its prefill and cycle se
 show what speculating costs a request before it decodes. --eager-draft-prefill adds "adaptive
 eager": adaptive speculation with every prompt's draft prefill at admission (lazy_draft_prefill=
 False), against adaptive's default (without prefix caching: lazy, the draft's prefill deferred to
-its catch-up).
+its catch-up). --unchecked adds "adaptive unchecked": adaptive speculation without its check against
+plain decoding (plain_check=False: every step runs pick_k's choice), against adaptive's default.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
 the ratios of the medians and the paired ratios (a setting's tok/s over another's in the same round,
 so that the machine's drift between rounds cancels: their median and a distribution-free 90%
 interval of it, from 5 rounds up), the seconds in prefill calls and in decode cycles, the cycles each ran at each k,
 the speculation-off events by reason (adaptive: "cost", a step that chose k = 0 after one at k > 0, explorations of k = 0 included;
-"acceptance_collapse", a request's acceptance fell below the threshold), and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
+"acceptance_collapse", a request's acceptance fell below the threshold; "plain_check", an epoch of plain
+decoding began, eagle_fx.serving.plain_check), adaptive's epochs per arm, and greedy-exact n/n (every output against HF `generate(do_sample=False)` of its prompt). Prefix
 caching is off (a repeat would otherwise reuse the blocks of the one before).
 
     python bench/engine_load.py                       # about 14 minutes on a 2-core CPU
@@ -39,6 +41,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
     python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
     python bench/engine_load.py --concurrency 4,16,64 --eager-draft-prefill
     python bench/engine_load.py --concurrency 4 --held-at-k0
+    python bench/engine_load.py --concurrency 4,64 --unchecked
 """
 from __future__ import annotations
 
@@ -74,6 +77,8 @@ def parse_args(argv=None):
                     "cycle is held at k = 0, against the draft-less k=0 (adaptive's costs beside its choices)")
     ap.add_argument("--eager-draft-prefill", action="store_true", help='also run "adaptive eager": adaptive '
                     "with lazy_draft_prefill=False (every prompt's draft prefill at admission), against adaptive")
+    ap.add_argument("--unchecked", action="store_true", help='also run "adaptive unchecked": adaptive without '
+                    "its check against plain decoding (plain_check=False), against adaptive")
     ap.add_argument("--split-by-length", action=argparse.BooleanOptionalAction, default=False,
                     help="every engine's length groups (a step's batch as cycles of like context lengths where priced "
                          "cheaper; eagle_fx.serving.length_groups)")
@@ -119,7 +124,8 @@ class Timed:
 
 
 RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
-EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"), ("adaptive", "adaptive eager"))
+EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"),
+                ("adaptive", "adaptive eager"), ("adaptive", "adaptive unchecked"), ("adaptive unchecked", "k=0"))
 CONFIDENCE = 0.9
 
 
@@ -135,7 +141,8 @@ def paired(runs: dict, a: str, b: str) -> dict:
 def adaptive_held_at_zero(model, tokenizer, **kwargs):
     """An adaptive engine whose every cycle runs at k = 0: it still decides each step (pick_k runs,
     its costs are kept) and defers its prompts' draft prefill (lazy), so against the draft-less k=0
-    it shows what adaptive speculation costs beside its choices of k."""
+    it shows what adaptive speculation costs beside its choices of k (its check against plain decoding
+    off: its plain epochs would skip pick_k)."""
     from eagle_fx.serving.engine import Engine
 
     class AdaptiveHeldAtZero(Engine):
@@ -143,7 +150,7 @@ def adaptive_held_at_zero(model, tokenizer, **kwargs):
             super().pick_k(spec, off)
             return 0, False
 
-    return AdaptiveHeldAtZero(model, tokenizer, "adaptive", **kwargs)
+    return AdaptiveHeldAtZero(model, tokenizer, "adaptive", plain_check=False, **kwargs)
 
 
 def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
@@ -162,6 +169,7 @@ class ClosedLoop:
         self.pending, self.outputs, self.ids, self.seconds = iter(enumerate(requests)), {}, {}, 0.0
         timed.clear()
         self.off_before, self.catch_up_before = dict(engine.off_events), engine.catch_up_seconds
+        self.epochs_before = dict(engine.plain_check.epochs) if engine.plain_check is not None else {}
         started = time.perf_counter()
         for _ in range(c):
             self._add()
@@ -191,7 +199,9 @@ class ClosedLoop:
                 "cycles_s": timed.seconds["_cycle"], "catch_up_s": engine.catch_up_seconds - self.catch_up_before,
                 "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
                 "off_events": {reason: n - self.off_before[reason] for reason, n in engine.off_events.items()
-                               if n > self.off_before[reason]}}
+                               if n > self.off_before[reason]},
+                "plain_check_epochs": {arm: n - self.epochs_before[arm] for arm, n in engine.plain_check.epochs.items()}
+                if engine.plain_check is not None else {}}
 
 
 def closed_loop(engine, timed: Timed, requests, c: int) -> dict:
@@ -242,7 +252,7 @@ def main(argv=None) -> int:
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
-    speculating = 2 + args.draft_cost + args.eager_draft_prefill + args.held_at_k0  # the settings on the k=3 pair
+    speculating = 2 + args.draft_cost + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
     # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
@@ -258,6 +268,8 @@ def main(argv=None) -> int:
         engines["adaptive at k=0"] = adaptive_held_at_zero(model, tok, **split)
     if args.eager_draft_prefill:
         engines["adaptive eager"] = Engine(model, tok, "adaptive", lazy_draft_prefill=False, **split)
+    if args.unchecked:
+        engines["adaptive unchecked"] = Engine(model, tok, "adaptive", plain_check=False, **split)
     settings = list(engines)
     timers = {name: Timed(engine) for name, engine in engines.items()}
     log(f"compiled both pairs and probed adaptive's costs in {time.perf_counter() - t0:.0f} s")
@@ -284,7 +296,8 @@ def main(argv=None) -> int:
                 runs[name].append(r)
                 log(f"c={c} {name} #{rep + 1}: {r['tok_s']:.1f} tok/s (prefill {r['prefill_s']:.2f} s, cycles "
                     f"{r['cycles_s']:.2f} s, draft catch-ups {r['catch_up_s']:.2f} s, cycles by k {r['cycles_by_k']}, "
-                    f"speculation-off events {r['off_events']}), greedy-exact {r['exact']}/{n}")
+                    f"speculation-off events {r['off_events']}, plain-check epochs {r['plain_check_epochs']}), "
+                    f"greedy-exact {r['exact']}/{n}")
         med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
         ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in RATIOS + EXTRA_RATIOS if a in runs and b in runs}
         points.append({"concurrency": c, "requests": n, "median_tok_s": med, "paired_ratios": ratios, "runs": runs})

@@ -38,7 +38,6 @@ HYSTERESIS = 1.03  # another k must be this much faster than the current one to 
 MIN_SERVICE = 3  # cycles measured in service that replace the startup probe's cost at a (k, batch size)
 FIRST_EXPLORATION = 8  # a k never run in a size bucket is explored after explore_every / this decisions there
 EXPLORATION_CYCLES = MIN_SERVICE + 1  # an exploration's cycles: the first after the switch settles (not measured)
-CLOSE = 1.15  # a k priced within this factor of the chosen one is a close rival (re-measured sooner)
 KEY_SHARE = 0.5  # a cycle whose keys are this share of its probe price or more measures what a key costs in service
 
 
@@ -280,15 +279,10 @@ class Exploration:
     the batch changes bucket meanwhile (its cycles there are measured at their own sizes and correct the
     k's probe factor, StepCosts.scale_for): ended by the change, as it was, one at 48-64 rows, where the
     batch moves between buckets every few cycles, ran only its unmeasured first cycle, learnt nothing,
-    and counted as the k's run there for `every` more decisions. A close race (a k priced within CLOSE
-    of the choice, close_rivals) is re-measured after `close_every` decisions: the prices of a k that
-    is not running are the ones it lost with (a noisy high median stays until it runs again), so with
-    true differences of 10-20% the stalest price decided (stop 46: k = 0 priced at a median 1.71 ms a
-    cycle at 4 rows, its cycles 1.55)."""
+    and counted as the k's run there for `every` more decisions."""
 
-    def __init__(self, ks: list[int], every: int, close_every: int | None = None):
+    def __init__(self, ks: list[int], every: int):
         self.ks, self.every = ks, every
-        self.close_every = every if close_every is None else min(close_every, every)
         self._decisions: dict[int, int] = {}  # per bucket
         self._last_run: dict[tuple[int, int], int] = {}  # (k, bucket): the bucket's decisions when k last ran there
         self._current: tuple[int, int] | None = None  # (k, cycles left) of one under way
@@ -303,16 +297,15 @@ class Exploration:
         self._current = (k, left - 1) if left > 1 else None
         return k
 
-    def due(self, size: int, eligible, close: set[int] = frozenset()) -> int | None:
-        """After continuing(size): the first k not run at the bucket for `every` decisions (a k in
-        `close`, priced within CLOSE of the choice: `close_every`) for which eligible(k), its
-        exploration started; None if none."""
+    def due(self, size: int, eligible) -> int | None:
+        """After continuing(size): the first k not run at the bucket for `every` decisions for which
+        eligible(k), its exploration started; None if none."""
         at = size_bucket(size)
         seen = self._decisions[at]
         first = seen - self.every + self.every // FIRST_EXPLORATION  # a k never run here: as if it last ran then
         last = {k: self._last_run.setdefault((k, at), first) for k in self.ks}
         for k in self.ks:
-            if seen - last[k] >= (self.close_every if k in close else self.every) and eligible(k):
+            if seen - last[k] >= self.every and eligible(k):
                 self._current = (k, EXPLORATION_CYCLES - 1)
                 return k
         return None
@@ -349,12 +342,12 @@ def speculation_ks(model, speculation: str | int, ks: list[int] | None) -> list[
     return ks
 
 
-def plan_rates(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int,
-               outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
-               keys: tuple[int, int, int] = (0, 0, 0), off_rates: list[list[float]] | None = None,
-               ride_catch_up: float = 0.0, priced=None, ride_remaining: float | None = None) -> dict:
-    """{(k, ride): expected output tokens per second} of each plan a step can run: k for the
-    speculating requests (their acceptance rates `spec_rates`), and whether the `num_off` requests with speculation off ride in their cycle (drafting too, at their own recent
+def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: tuple[int, bool],
+             outside: SizeCosts | None = None, catch_up: float = 0.0, remaining: float = 1.0,
+             keys: tuple[int, int, int] = (0, 0, 0), off_rates: list[list[float]] | None = None,
+             ride_catch_up: float = 0.0, priced=None, ride_remaining: float | None = None) -> tuple[int, bool]:
+    """(k, ride): the k for the speculating requests (their acceptance rates `spec_rates`), and whether
+    the `num_off` requests with speculation off ride in their cycle (drafting too, at their own recent
     acceptance `off_rates`; None: they cannot) rather than run a k=0 cycle of their own beside it (a
     cycle's fixed cost paid for one or two requests: with many speculating, riding is cheaper). k = 0
     runs every request in one plain cycle. outside: a step's seconds outside its cycles per running
@@ -364,8 +357,9 @@ def plan_rates(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], n
     eagle_fx.serving.draft_catch_up; ride_catch_up: the same when the off requests ride), paid once for
     the `remaining` output tokens the requests it catches up have left (ride_remaining: with the off
     requests; default remaining), the tokens it lets be speculated: seconds per token 1 / r + catch_up /
-    remaining, as each request's catch-up over its own tokens comes to in steady traffic. keys: the
-    keys per layer that the speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts).
+    remaining, as each request's catch-up over its own tokens comes to in steady traffic. The
+    current choice is kept unless another is HYSTERESIS faster. keys: the keys per layer that the
+    speculating requests' cycle, the others' cycle and one cycle of all of them read (StepCosts).
     priced(k, which): the seconds at k of the speculating requests (which = 0), the others (1) or all
     (2), when they run as several cycles (eagle_fx.serving.length_groups); default one cycle each."""
     total = len(spec_rates) + num_off
@@ -389,27 +383,11 @@ def plan_rates(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], n
         return tokens_per_second / (1.0 + catch_up * tokens_per_second / max(remaining, 1.0))
 
     plans = [(k, False) for k in ks] + [(k, True) for k in ks if k > 0 and num_off and off_rates is not None]
-    return {plan: rate(*plan) for plan in plans}
-
-
-def best_plan(rates: dict, current: tuple[int, bool]) -> tuple[int, bool]:
-    """The plan of the largest rate, but the current one unless another is HYSTERESIS faster."""
+    rates = {plan: rate(*plan) for plan in plans}
     best = max(rates, key=rates.get)
     if current in rates and rates[best] < HYSTERESIS * rates[current]:
         return current
     return best
-
-
-def close_rivals(rates: dict, chosen: tuple[int, bool]) -> set[int]:
-    """The ks other than the chosen plan's whose best plan is priced within CLOSE of it: a race the
-    prices cannot call (their errors on a CPU are 10-20%), which Exploration re-measures sooner."""
-    return {k for (k, _), rate in rates.items() if k != chosen[0] and CLOSE * rate >= rates[chosen]}
-
-
-def choose_k(ks: list[int], costs: StepCosts, spec_rates: list[list[float]], num_off: int, current: tuple[int, bool],
-             *args, **kwargs) -> tuple[int, bool]:
-    """(k, ride): best_plan of plan_rates (the same arguments, and `current`: the plan running now)."""
-    return best_plan(plan_rates(ks, costs, spec_rates, num_off, *args, **kwargs), current)
 
 
 @dataclass

@@ -32,6 +32,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive-ks", default=None,
                         help="comma list of the k values adaptive speculation chooses from, e.g. 0,1,3 (0 is always "
                              "added; default: 0, 1 and --num-spec-tokens; each k is a compiled cycle, minutes of compile with inductor)")
+    parser.add_argument("--plain-check", action=argparse.BooleanOptionalAction, default=True,
+                        help="adaptive: check what its choices of k deliver against plain decoding (k = 0) in "
+                             "adjacent epochs of a fifth of a second, and decode with the faster (one epoch in up "
+                             "to 33 checks the other; eagle_fx:plain_check_ratio in /metrics)")
     parser.add_argument("--admission", choices=["continuous", "waves"], default="continuous",
                         help="continuous: a request joins the running batch as soon as a slot and KV blocks are "
                              "free; waves: requests are admitted only when nothing runs, up to --max-batch-size at "
@@ -113,6 +117,7 @@ def run(args) -> None:
     def ready(host: str, port: int) -> None:
         ks = adaptive_ks(args)
         spec = f"speculation {speculation}" + ((f", k in {ks}" if ks else f", k in {sorted({0, min(1, args.num_spec_tokens), args.num_spec_tokens})}")
+                                               + f", plain check {'on' if args.plain_check else 'off'}"
                                                if speculation == "adaptive" else "")
         print(f"eagle-fx serve: ready on http://{host}:{port} (model {model_name}, backend {args.backend}, {spec}, "
               f"admission {args.admission}, length groups {'on' if args.split_by_length else 'off'}, "
@@ -123,5 +128,6 @@ def run(args) -> None:
     serve(model, tok, host=args.host, port=args.port, model_name=model_name, speculation=speculation,
           log_level=args.log_level, on_ready=ready,
           ks=adaptive_ks(args) if speculation == "adaptive" else None, admission=args.admission,
-          warm_up_structured=args.warm_up_structured, split_by_length=args.split_by_length)  # returns after a signal
+          warm_up_structured=args.warm_up_structured, split_by_length=args.split_by_length,
+          plain_check=args.plain_check)  # returns after a signal
     print("eagle-fx serve: stopped", file=sys.stderr, flush=True)

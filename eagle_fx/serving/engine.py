@@ -27,7 +27,10 @@ slot, by default a whole sequence) and the draft catches up in one prefill-like 
 again; past the ring it stays at k = 0. With lazy_draft_prefill (adaptive; by default when prefix
 caching is off) a prompt's draft prefill waits for the same catch-up: a request has its base prefill
 only, and the draft computes its prompt when (if ever) a cycle speculates for it, a cost choose_k
-prices as it prices any catch-up.
+prices as it prices any catch-up. With plain_check (adaptive; on by default) what those choices
+deliver is checked against plain decoding in adjacent epochs of the engine's own running, and the
+faster arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races
+wrongly, and the check caps what that costs.
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
@@ -44,8 +47,7 @@ import torch
 from eagle_fx.runtime.sampling import RowSampler, Sampler
 from eagle_fx.runtime.scheduler import GenerateCall, decode_columns
 from eagle_fx.runtime.stats import SpecDecodeStats
-from eagle_fx.serving.adaptive import (Acceptance, Exploration, SizeCosts, StepCosts, best_plan, close_rivals, plan_rates,
-                                       speculation_ks)
+from eagle_fx.serving.adaptive import Acceptance, Exploration, SizeCosts, StepCosts, choose_k, speculation_ks
 from eagle_fx.serving.admission import admit, prefill_step
 from eagle_fx.serving.cost_probe import cycle_keys, measure_cycle_costs
 from eagle_fx.serving.draft_catch_up import catch_up_draft
@@ -62,16 +64,15 @@ class Engine:
     def __init__(self, model, tokenizer=None, speculation: str | int = "adaptive", *, ks=None,
                  collapse_window: int = 8, collapse_threshold: float = 0.15, probe_after: int = 64,
                  resume_window: int | None = None, measure: bool = True, call: GenerateCall | None = None,
-                 admission: str = "continuous", explore_every: int = 200, explore_close_every: int | None = 25,
-                 split_by_length: bool = False, lazy_draft_prefill: bool | None = None, plain_check: bool = True):
+                 admission: str = "continuous", explore_every: int = 200, split_by_length: bool = False,
+                 lazy_draft_prefill: bool | None = None, plain_check: bool = True):
         """call: a generate call's GenerateCall (model.generate runs on an engine): its sampler (one
         generator for every row), stats, profiler and graph-by-graph flag serve every request; the
         model's forced_drafts oracle applies. admission="waves": requests are admitted only when
         nothing runs, up to max_batch_size at a time (the wave runtime's policy, kept as the
         baseline continuous batching is measured against). explore_every: adaptive speculation runs a k not
         run in this many decisions at a size bucket for a few cycles there (adaptive.Exploration), so a noisy
-        or stale cost does not keep it out (its service cost replaces it); a k priced within adaptive.CLOSE of the
-        choice, after explore_close_every (None: explore_every). split_by_length (opt-in): a step's batch
+        or stale cost does not keep it out (its service cost replaces it). split_by_length (opt-in): a step's batch
         runs as cycles of like context lengths where the measured prices say that is cheaper (length_groups;
         the probe then runs at a fixed k too). resume_window: positions of base features kept per slot for
         the draft's catch-up (None: a whole sequence, max_seq_len + the cycle's lookahead, which never wraps;
@@ -89,7 +90,7 @@ class Engine:
             raise ValueError("the serving engine takes token prompts; a vision-language pair runs with generate()")
         k_max, ks = model.num_spec_tokens, speculation_ks(model, speculation, ks)
         self.model, self.tokenizer, self.ks = model, tokenizer, ks
-        self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every, explore_close_every)
+        self.adaptive, self.exploration = len(ks) > 1, Exploration(ks, explore_every)
         self.split_by_length = split_by_length and not model.static_steps
         self._ks_before, self._ks_now = set(), set()  # the ks of the last step's cycles, and of this one's
         # the model's own cycle at its k (an injection point: tests set model.chain_cycle), others by k
@@ -239,7 +240,8 @@ class Engine:
                 r.watch.clear()
         spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
         off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
-        plain = self.plain_check is not None and self.plain_check.arm == PLAIN
+        in_flight = self.num_running + self.num_waiting  # (the load an epoch of the check counts in)
+        plain = self.plain_check is not None and self.plain_check.arm_for(in_flight) == PLAIN
         k, ride = self.pick_k(spec, off) if self.adaptive and spec and not plain else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if plain else "cost"] += 1
@@ -266,18 +268,19 @@ class Engine:
         behind_all = behind + sum(r.committed - r.draft_upto for r in off)
         catch_up, ride_catch_up = (self.catch_ups.cost(b) if b and self.catch_ups else 0.0 for b in (behind, behind_all))
         keys = tuple(cycle_keys(self.model, [r.committed for r in g]) for g in (spec, off, spec + off))
+        stale = self.exploration.due(len(spec), lambda k: k == 0 or catch_up <= self.costs.cost(
+            k, len(spec), float('inf'), keys[0]))  # (a k > 0 unless its catch-up costs more than its cycle)
+        if stale is not None:
+            return stale, False
         prior = self.acceptance.rates()
         rates = [r.acceptance.rates(prior) for r in spec]
         off_rates = [r.acceptance.rates(prior) for r in off] if all(map(self.can_speculate, off)) else None
         # what a catch-up is repaid over: the output tokens left to the requests it lets speculate
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec if r.draft_upto < r.committed)
         ride_remaining = remaining + sum(r.params.max_tokens - len(r.output) for r in off if r.draft_upto < r.committed)
-        plans = plan_rates(self.ks, self.costs, rates, len(off), self.outside, catch_up, remaining, keys, off_rates,
-                           ride_catch_up, choice_prices(self, spec, off), ride_remaining)
-        chosen = best_plan(plans, (self.current_k, self.current_ride))
-        stale = self.exploration.due(len(spec), lambda k: k == 0 or catch_up <= self.costs.cost(
-            k, len(spec), float('inf'), keys[0]), close_rivals(plans, chosen))  # (k > 0: its catch-up within its cycle)
-        return (stale, False) if stale is not None else chosen
+        return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
+                        catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off),
+                        ride_remaining)
 
     def can_speculate(self, request) -> bool:
         """False once the request fell further behind the draft than its ring keeps (it stays at k = 0)."""

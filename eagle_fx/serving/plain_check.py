@@ -9,85 +9,119 @@ catch-ups on top. This measures what its choices deliver instead of what they ar
 The engine decodes in epochs of about `epoch_seconds` each, run by one of two arms: "adaptive"
 (pick_k's choices, catch-ups included) or "plain" (every request at k = 0: no pick_k, no catch-up;
 the draft falls behind and catches up when adaptive runs again). An epoch's rate is output tokens
-per request-second: its tokens over the sum of each step's seconds times its running requests (the
-batch size moves under arrivals; a request-second is what each arm serves). The arm ahead (the
+per request-second: its tokens over the sum of each step's seconds times its running requests (a
+request-second is what either arm serves, whatever the batch does meanwhile). The arm ahead (the
 leader) runs; the other runs one epoch after `gap` of the leader's, and is compared with the
 leader's epoch right after it (both start with a switch, and the adaptive one pays the catch-up of
 the plain one's tokens); the leader is the arm ahead over the last PAIRS comparisons (the geometric
 mean of their ratios). Each time the trailing arm loses again its gap doubles, up to MAX_GAP, and
 it is back to 1 when it wins or the leader changes: a settled difference costs one epoch in
-MAX_GAP + 1 at the slower arm, and a changed one is seen within a few epochs. A load that moves
-(the epochs' mean batch size off by more than SIZE_CHANGE from the last comparison's) starts the
-comparisons afresh; a pair whose batch sizes differ by that much is not compared.
+MAX_GAP + 1 at the slower arm, and a changed one is seen within a few epochs.
+
+Which arm is faster depends on the load (speculation wins at 1 in flight and may lose at 64): each
+load (requests in the engine r when an epoch starts, by the bit length of r + 1: 1-2, 3-6, 7-14,
+15-30, 31-62, 63-126, ...) keeps comparisons of its own. An epoch counts in the load it started at
+(the decoding requests move by a few as requests finish and prefill: split by them, a closed loop's
+epochs fell into two loads in turn and were never compared).
 """
 from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
 ADAPTIVE, PLAIN = "adaptive", "plain"
 EPOCH_SECONDS = 0.2  # an epoch's decode seconds (a few dozen cycles at 4 rows on a CPU, a dozen at 64)
 PAIRS = 6  # comparisons the leader is decided over
 MAX_GAP = 32  # the leader's epochs between two of the trailing arm's, at most
-SIZE_CHANGE = 1.5  # mean batch sizes this far apart are another load
 
 
-class PlainCheck:
-    """Which arm the engine's next step runs (`arm`), from the epochs' rates (`record` each step)."""
+def load_of(running: int) -> int:
+    """The load a step of `running` requests counts in (see the module)."""
+    return (running + 1).bit_length()
 
-    def __init__(self, epoch_seconds: float = EPOCH_SECONDS):
-        self.epoch_seconds = epoch_seconds
-        self.arm = self.leader = ADAPTIVE
-        self.gap, self.since = 1, 0  # the trailing arm runs after `gap` of the leader's epochs; `since` so far
-        self.ratios: deque = deque(maxlen=PAIRS)  # log(adaptive / plain) of the last comparisons
-        self.epochs = {ADAPTIVE: 0, PLAIN: 0}
-        self._trailing: tuple[float, float] | None = None  # (rate, size) of the trailing arm's last epoch
-        self._size: float | None = None  # the mean batch size of the last comparison
-        self._tokens = self._seconds = self._request_seconds = 0.0
 
-    @property
-    def ratio(self) -> float | None:
-        """adaptive / plain over the last comparisons (geometric mean); None before any."""
-        return math.exp(sum(self.ratios) / len(self.ratios)) if self.ratios else None
+@dataclass
+class Load:
+    """One load's comparisons: which arm runs next (`arm`) and why."""
 
-    def record(self, tokens: int, seconds: float, size: int) -> None:
-        """One step of the current arm: `tokens` committed by `size` running requests in `seconds`."""
-        self._tokens += tokens
-        self._seconds += seconds
-        self._request_seconds += seconds * size
-        if self._seconds >= self.epoch_seconds:
-            self._close()
+    arm: str = ADAPTIVE
+    leader: str = ADAPTIVE
+    gap: int = 1  # the trailing arm runs after `gap` of the leader's epochs
+    since: int = 0  # the leader's epochs since the trailing arm's last
+    ratios: deque = field(default_factory=lambda: deque(maxlen=PAIRS))  # log(adaptive / plain)
+    trailing: float | None = None  # the trailing arm's last epoch's rate, until compared
 
-    def _close(self) -> None:
-        rate, size = self._tokens / self._request_seconds, self._request_seconds / self._seconds
-        self._tokens = self._seconds = self._request_seconds = 0.0
-        arm, trailing = self.arm, PLAIN if self.leader == ADAPTIVE else ADAPTIVE
-        self.epochs[arm] += 1
-        if self._size is not None and not _alike(size, self._size):
-            self.ratios.clear()  # another load: compare afresh
-            self.gap, self._size = 1, None
-        if arm == trailing:
-            self._trailing = (rate, size)
-        elif self._trailing is not None:
-            (other, other_size), self._trailing = self._trailing, None
-            if _alike(size, other_size):
-                self._compare(rate, other, size)
+    def closed(self, rate: float) -> None:
+        """An epoch of `arm` at `rate` ended: compare, and pick the next epoch's arm."""
+        arm = self.arm
+        if arm != self.leader:
+            self.trailing = rate
+        elif self.trailing is not None:
+            other, self.trailing = self.trailing, None
+            adaptive, plain = (rate, other) if arm == ADAPTIVE else (other, rate)
+            self.ratios.append(math.log(adaptive / plain))
+            leader = ADAPTIVE if sum(self.ratios) >= 0 else PLAIN
+            if leader != self.leader or other > rate:
+                self.leader, self.gap = leader, 1
+            else:
+                self.gap = min(2 * self.gap, MAX_GAP)
         if arm == self.leader and self.since + 1 >= self.gap:
             self.arm, self.since = (PLAIN if self.leader == ADAPTIVE else ADAPTIVE), 0
         else:
             self.since += arm == self.leader
             self.arm = self.leader
 
-    def _compare(self, leader_rate: float, trailing_rate: float, size: float) -> None:
-        self._size = size
-        adaptive, plain = (leader_rate, trailing_rate) if self.leader == ADAPTIVE else (trailing_rate, leader_rate)
-        self.ratios.append(math.log(adaptive / plain))
-        leader = ADAPTIVE if sum(self.ratios) >= 0 else PLAIN
-        if leader != self.leader or trailing_rate > leader_rate:
-            self.leader, self.gap = leader, 1
-        else:
-            self.gap = min(2 * self.gap, MAX_GAP)
 
+class PlainCheck:
+    """Which arm the engine's next step runs (`arm_for(in_flight)`), from the epochs' rates (`record`
+    each step)."""
 
-def _alike(a: float, b: float) -> bool:
-    return max(a, b) <= SIZE_CHANGE * min(a, b)
+    def __init__(self, epoch_seconds: float = EPOCH_SECONDS):
+        self.epoch_seconds = epoch_seconds
+        self.loads: dict[int, Load] = {}
+        self.epochs = {ADAPTIVE: 0, PLAIN: 0}
+        self._at: int | None = None  # the load of the epoch under way (or of the last one)
+        self._open = False  # an epoch is under way
+        self._tokens = self._seconds = self._request_seconds = 0.0
+
+    def arm_for(self, in_flight: int) -> str:
+        """The arm of a step with `in_flight` requests in the engine (decoding, in prefill or waiting:
+        a closed loop's count, steadier than the decoding ones). An epoch counts in the load it
+        started at, to its end; the trailing arm's epoch of another load is not compared."""
+        if not self._open:
+            at, self._open = load_of(in_flight), True
+            if self._at is not None and at != self._at:
+                self.loads[self._at].trailing = None
+            self._at = at
+        return self._load.arm
+
+    @property
+    def _load(self) -> Load:
+        return self.loads.setdefault(self._at, Load()) if self._at is not None else Load()
+
+    # the state of the current epoch's load (or the last one's)
+    arm = property(lambda self: self._load.arm)
+    leader = property(lambda self: self._load.leader)
+    gap = property(lambda self: self._load.gap)
+    ratios = property(lambda self: self._load.ratios)
+
+    @property
+    def ratio(self) -> float | None:
+        """adaptive / plain at the current load over its last comparisons (geometric mean); None before any."""
+        ratios = self._load.ratios
+        return math.exp(sum(ratios) / len(ratios)) if ratios else None
+
+    def record(self, tokens: int, seconds: float, running: int, in_flight: int | None = None) -> None:
+        """One step of arm_for(in_flight): `tokens` committed by `running` decoding requests in
+        `seconds` (in_flight: the step's requests in the engine, default `running`)."""
+        self.arm_for(running if in_flight is None else in_flight)
+        self._tokens += tokens
+        self._seconds += seconds
+        self._request_seconds += seconds * running
+        if self._seconds >= self.epoch_seconds:
+            load = self._load
+            self.epochs[load.arm] += 1
+            load.closed(self._tokens / self._request_seconds)
+            self._tokens = self._seconds = self._request_seconds = 0.0
+            self._open = False

@@ -216,11 +216,13 @@ def start_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_le
 
 def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_name: str = "eagle-fx",
           speculation="adaptive", log_level: str = "info", on_ready=None, ks=None,
-          admission: str = "continuous", warm_up_structured: bool = False, split_by_length: bool = False) -> None:
+          admission: str = "continuous", warm_up_structured: bool = False, split_by_length: bool = False,
+          plain_check: bool = True) -> None:
     """Serve `model` (an eagle_fx.compile result) until SIGINT or SIGTERM (then uvicorn shuts down
     gracefully: streams in flight finish) and return. on_ready(host, port) is called once uvicorn
-    listens. ks, admission, split_by_length: the Engine's (the k values adaptive speculation chooses
-    from; "continuous" or "waves" admission; cycles by length groups). warm_up_structured: compile
+    listens. ks, admission, split_by_length, plain_check: the Engine's (the k values adaptive
+    speculation chooses from; "continuous" or "waves" admission; cycles by length groups; adaptive's
+    check against plain decoding). warm_up_structured: compile
     the cycles under grammar masks before listening (eagle_fx.serving.grammars.compile_grammar_cycles).
 
     The engine runs on the calling thread, the one that compiled the model, and uvicorn on a thread
@@ -233,7 +235,7 @@ def serve(model, tokenizer, host: str = "127.0.0.1", port: int = 8000, model_nam
     from eagle_fx.serving.engine import Engine
 
     engine = Engine(model, tokenizer=tokenizer, speculation=speculation, ks=ks, admission=admission,
-                    split_by_length=split_by_length)
+                    split_by_length=split_by_length, plain_check=plain_check)
     if warm_up_structured:
         from eagle_fx.serving.grammars import compile_grammar_cycles
 

@@ -68,9 +68,13 @@ class Logged(Engine):
 
 class Scripted(Logged):
     """k per step from a script (cycling; an entry k, or (k, ride): whether requests with speculation off
-    ride in the cycle): the catch-up path runs at known points."""
+    ride in the cycle): the catch-up path runs at known points (the check against plain decoding off by
+    default: its plain epochs would skip the script)."""
 
     script = (0, 0, 3, 0, 2, 0, 0, 0, 1, 3)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"plain_check": False, **kwargs})
 
     def pick_k(self, spec, off):
         self._calls = getattr(self, "_calls", -1) + 1

@@ -16,9 +16,13 @@ def five(pair):
 
 class Scripted(Engine):
     """k per step from a script (cycling); records the draft's state of each request at its first
-    cycle at k > 0 (what its first drafts are drawn from)."""
+    cycle at k > 0 (what its first drafts are drawn from). The check against plain decoding off by
+    default (its plain epochs would skip the script)."""
 
     script = (3,)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"plain_check": False, **kwargs})
 
     def pick_k(self, spec, off):
         self._calls = getattr(self, "_calls", -1) + 1
@@ -108,7 +112,7 @@ def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, 
 
 
 def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair, model, monkeypatch):
-    """pick_k hands plan_rates (choose_k's prices), as what a catch-up is repaid over, the output tokens left to the
+    """pick_k hands choose_k, as what a catch-up is repaid over, the output tokens left to the
     requests behind the draft (ride_remaining: with the off requests behind too), not every running
     request's: in steady traffic each request's catch-up is repaid by its own tokens."""
     import eagle_fx.serving.engine as engine_module
@@ -121,7 +125,7 @@ def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair
     for p, n in zip(prompts[:3], (40, 50, 60)):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True))
     seen = []
-    monkeypatch.setattr(engine_module, "plan_rates", lambda *args: seen.append(args) or {(0, False): 1.0})
+    monkeypatch.setattr(engine_module, "choose_k", lambda *args: seen.append(args) or (0, False))
     while len(engine.running) < 3:  # (at k = 0: the prompts' draft prefill stays deferred)
         engine.step()
     a, b, c = engine.running
@@ -132,6 +136,6 @@ def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair
 
     def left(*requests):
         return sum(r.params.max_tokens - len(r.output) for r in requests)
-    assert (seen[0][6], seen[0][11]) == (left(a), left(a, c))  # remaining, ride_remaining
+    assert (seen[0][7], seen[0][12]) == (left(a), left(a, c))  # remaining, ride_remaining
     while engine.has_unfinished():
         engine.step()

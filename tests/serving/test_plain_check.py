@@ -11,7 +11,7 @@ import time
 import pytest
 
 from eagle_fx.serving import Engine, SamplingParams
-from eagle_fx.serving.plain_check import ADAPTIVE, MAX_GAP, PAIRS, PLAIN, PlainCheck
+from eagle_fx.serving.plain_check import ADAPTIVE, MAX_GAP, PAIRS, PLAIN, PlainCheck, load_of
 from tests.serving.test_engine import hf_greedy, model, pair  # noqa: F401 (the same bundled pair, compiled alike)
 
 
@@ -61,18 +61,24 @@ def test_a_change_of_which_arm_is_faster_is_seen_within_a_few_epochs_of_its_chec
     assert arms[-20:].count("p") <= 2
 
 
-def test_a_new_load_starts_the_comparisons_afresh_and_unlike_sizes_are_not_compared():
+def test_each_load_keeps_its_own_comparisons():
+    """An epoch starting at 64 requests in flight counts in another load than 4 (comparisons of its
+    own, from scratch); back at 4, its comparisons are where they were. An epoch counts in the load it
+    started at, whatever the requests do meanwhile. 1 and 2 in flight are one load, and so are 3 and 4."""
     check = PlainCheck(epoch_seconds=1.0)
-    schedule(check, lambda arm, _: 100.0 if arm == PLAIN else 80.0, 40)
-    assert check.gap == MAX_GAP
-    check.record(100.0 * 64, 1.0, 64)  # an epoch at 64 in flight: 16x the size
-    assert check.gap == 1 and not check.ratios
-    before = list(check.ratios)
-    fresh = PlainCheck(epoch_seconds=1.0)
-    fresh.record(80.0 * 4, 1.0, 4)  # adaptive at 4
-    fresh.record(100.0 * 16, 1.0, 16)  # plain at 16: kept, not compared with an epoch at 4 ...
-    fresh.record(80.0 * 4, 1.0, 4)  # ... nor with this one
-    assert not fresh.ratios and before == []
+    arms = schedule(check, lambda arm, _: 100.0 if arm == PLAIN else 80.0, 40)
+    assert check.gap == MAX_GAP and check.leader == PLAIN
+    assert check.arm_for(64) == ADAPTIVE and check.gap == 1 and not check.ratios
+    check.record(80.0 * 64, 1.0, 64)
+    assert check.arm_for(64) == PLAIN  # (64's alternation: plain after one adaptive epoch)
+    check.record(100.0 * 0.5 * 60, 0.5, 60, in_flight=64)  # half an epoch at 64 in flight ...
+    check.record(100.0 * 0.5 * 4, 0.5, 4, in_flight=4)  # ... and half at 4: one epoch of 64's
+    assert check.arm_for(64) == ADAPTIVE  # 64's, compared with the plain one before it:
+    check.record(80.0 * 64, 1.0, 64)
+    assert check.leader == PLAIN and check.ratio == pytest.approx(0.8) and check.gap == 1
+    assert check.arm_for(4) == PLAIN and check.gap == MAX_GAP and check.ratio == pytest.approx(0.8)
+    assert check.epochs == {ADAPTIVE: arms.count("a") + 2, PLAIN: arms.count("p") + 1}
+    assert [load_of(r) for r in (1, 2, 3, 4, 15, 16, 63, 64)] == [2, 2, 3, 3, 5, 5, 7, 7]
 
 
 def test_an_epoch_is_its_tokens_per_request_second_whatever_its_steps():
@@ -117,8 +123,8 @@ def test_the_engine_decodes_at_k0_when_its_speculation_is_slower(pair, model):
                 finished[out.request_id] = out.token_ids
     for rid, prompt in zip(ids, prompts[:3]):
         assert finished[rid] == hf_greedy(base, prompt, 160)
-    check = engine.plain_check
-    assert check.leader == PLAIN and check.ratio < 1
+    check, three = engine.plain_check, engine.plain_check.loads[load_of(3)]  # (three in flight all along)
+    assert three.leader == PLAIN and sum(three.ratios) < 0
     assert engine.cycles_by_k[0] > 3 * engine.cycles_by_k[3]
     assert engine.metrics()["plain_check_epochs_total"] == check.epochs and check.epochs[PLAIN] > check.epochs[ADAPTIVE]
     assert engine.off_events["plain_check"] >= 1 and engine.metrics()["kv_blocks_used"] == 0

@@ -335,7 +335,7 @@ def test_metrics_names_and_spec_decode_counters_grow(served):
                  "speculation_off_events_total", "num_preemptions_total", "num_spec_tokens_current",
                  "decode_cycles_total", "cycle_cost_seconds", "step_outside_cycles_seconds",
                  "k_switch_cycles_total", "k_switch_seconds_total", "k_switch_priced_seconds_total",
-                 "draft_catch_up_seconds_total"):
+                 "draft_catch_up_seconds_total", "plain_check_epochs_total"):
         assert f"# TYPE eagle_fx:{name} " in text and f"# HELP eagle_fx:{name} " in text, name
     assert sample(after, "eagle_fx:spec_decode_num_drafts_total") > served.initial_metrics["spec_decode_num_drafts"]
     # vLLM's identities, whatever k each cycle ran at (a lone cycle may accept nothing, so no count is
@@ -505,5 +505,6 @@ def test_serve_cli_flags_and_their_defaults():
     assert cli_serve.speculation_setting(args) == "adaptive"
     assert cli_serve.speculation_setting(parser.parse_args(["--speculation", "fixed", "--num-spec-tokens", "2"])) == 2
     assert parser.parse_args(["--no-prefix-caching"]).prefix_caching is False
+    assert args.plain_check is True and parser.parse_args(["--no-plain-check"]).plain_check is False
     with pytest.raises(SystemExit, match="--num-spec-tokens"):
         cli_serve.check_args(parser.parse_args(["--num-spec-tokens", "-1"]))
