@@ -133,6 +133,9 @@ class Engine:
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k, self.current_ride = ks[-1], False  # the last cycle's k; whether requests at k = 0 rode in it
+        # pick_k's last choice (the plan its hysteresis keeps): a plain epoch of the check leaves it, so
+        # that adaptive resumes where it was (from k = 0, the catch-up it must price kept it there)
+        self.chosen = (ks[-1], False)
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
         self.off_events, self.cycles_by_k = dict.fromkeys(OFF_REASONS, 0), dict.fromkeys(ks, 0)
         self.prompt_tokens = self.generation_tokens = 0
@@ -246,6 +249,8 @@ class Engine:
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if plain else "cost"] += 1
         self.current_k, self.current_ride = k, ride
+        if not plain and self.adaptive and spec:
+            self.chosen = (k, ride)
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
             if group:
@@ -278,7 +283,7 @@ class Engine:
         # what a catch-up is repaid over: the output tokens left to the requests it lets speculate
         remaining = sum(r.params.max_tokens - len(r.output) for r in spec if r.draft_upto < r.committed)
         ride_remaining = remaining + sum(r.params.max_tokens - len(r.output) for r in off if r.draft_upto < r.committed)
-        return choose_k(self.ks, self.costs, rates, len(off), (self.current_k, self.current_ride), self.outside,
+        return choose_k(self.ks, self.costs, rates, len(off), self.chosen, self.outside,
                         catch_up, remaining, keys, off_rates, ride_catch_up, choice_prices(self, spec, off),
                         ride_remaining)
 

@@ -128,3 +128,43 @@ def test_the_engine_decodes_at_k0_when_its_speculation_is_slower(pair, model):
     assert engine.cycles_by_k[0] > 3 * engine.cycles_by_k[3]
     assert engine.metrics()["plain_check_epochs_total"] == check.epochs and check.epochs[PLAIN] > check.epochs[ADAPTIVE]
     assert engine.off_events["plain_check"] >= 1 and engine.metrics()["kv_blocks_used"] == 0
+
+
+def test_adaptive_resumes_its_own_choice_after_a_plain_epoch(pair, model, monkeypatch):
+    """pick_k's hysteresis keeps the plan adaptive chose last, not the k = 0 of the plain epoch in
+    between: from k = 0, with the requests behind the draft, the catch-up it must price kept adaptive
+    at k = 0 after every plain epoch (at 1 in flight, 1304 of its 2276 cycles against 323 without
+    the check). Oracle: choose_k's `current` argument; outputs == HF greedy."""
+    import eagle_fx.serving.engine as engine_module
+
+    tok, base, _, prompts = pair
+    model.kv_cache.reset()
+    engine = Engine(model, tok, "adaptive", ks=[0, 3], measure=False, lazy_draft_prefill=True)
+    engine.plain_check.epoch_seconds = float("inf")  # (the test moves the arms)
+    for k, seconds in ((0, 1.0), (3, 1.1)):
+        for size in (1, 2):
+            engine.costs.observe(k, size, seconds * size)
+    seen, choose = [], engine_module.choose_k
+    monkeypatch.setattr(engine_module, "choose_k", lambda *args: seen.append(args[4]) or choose(*args))
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts[:2]]
+    finished = {}
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.token_ids
+    while not engine.cycles_by_k[3]:
+        step()
+    load = engine.plain_check.loads[load_of(2)]
+    load.arm = PLAIN
+    for _ in range(3):
+        step()
+        assert engine.current_k == 0
+    load.arm, seen[:] = ADAPTIVE, []
+    step()
+    assert seen[0] == (3, False)
+    while engine.has_unfinished():
+        step()
+    for rid, prompt in zip(ids, prompts[:2]):
+        assert finished[rid] == hf_greedy(base, prompt, 40)
