@@ -169,7 +169,8 @@ class ClosedLoop:
         self.pending, self.outputs, self.ids, self.seconds = iter(enumerate(requests)), {}, {}, 0.0
         timed.clear()
         self.off_before, self.catch_up_before = dict(engine.off_events), engine.catch_up_seconds
-        self.epochs_before = dict(engine.plain_check.epochs) if engine.plain_check is not None else {}
+        self.check = getattr(engine, "plain_check", None)  # (adaptive's check against plain decoding)
+        self.epochs_before = dict(self.check.epochs) if self.check is not None else {}
         started = time.perf_counter()
         for _ in range(c):
             self._add()
@@ -200,8 +201,8 @@ class ClosedLoop:
                 "cycles_by_k": dict(sorted(timed.cycles_by_k.items())),
                 "off_events": {reason: n - self.off_before[reason] for reason, n in engine.off_events.items()
                                if n > self.off_before[reason]},
-                "plain_check_epochs": {arm: n - self.epochs_before[arm] for arm, n in engine.plain_check.epochs.items()}
-                if engine.plain_check is not None else {}}
+                "plain_check_epochs": {arm: n - self.epochs_before[arm] for arm, n in self.check.epochs.items()}
+                if self.check is not None else {}}
 
 
 def closed_loop(engine, timed: Timed, requests, c: int) -> dict:

@@ -85,7 +85,8 @@ def test_a_grammar_s_cycles_are_neither_priced_nor_counted_as_switches(pair, mod
     requests without one -> every cycle a switch cycle, nothing measured; every output equals HF's."""
     tok, base, _, prompts = pair
     for spec in (SPECS["regex"], None):
-        engine = Engine(model, tok, speculation="adaptive", ks=[0, 3], measure=False)
+        # (the check against plain decoding off: its plain epochs would skip the scripted pick_k)
+        engine = Engine(model, tok, speculation="adaptive", ks=[0, 3], measure=False, plain_check=False)
         observed, turns, cycles = [], itertools.count(), itertools.count()
         engine.costs.observe = lambda *args, **kwargs: observed.append(args)
         engine.pick_k = lambda spec_, off: ((0, 3)[next(turns) % 2], False)
