@@ -243,8 +243,8 @@ class Engine:
                 r.watch.clear()
         spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
         off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
-        in_flight = self.num_running + self.num_waiting  # (the load an epoch of the check counts in)
-        plain = self.plain_check is not None and self.plain_check.arm_for(in_flight) == PLAIN
+        plain = (self.plain_check is not None  # (the load an epoch of the check counts in: requests in the engine)
+                 and self.plain_check.arm_for(self.num_running + self.num_waiting) == PLAIN)
         k, ride = self.pick_k(spec, off) if self.adaptive and spec and not plain else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if plain else "cost"] += 1
