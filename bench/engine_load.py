@@ -19,9 +19,10 @@ setting alike (the k=3 pair's KV pool then holds every speculating setting's seq
 --held-at-k0 adds "adaptive at k=0": adaptive speculation whose every cycle is held at k = 0 (it
 still decides each step and defers its prompts' draft prefill), against the draft-less k=0: what
 adaptive costs beside its choices of k (its choices' share is the rest of adaptive / k=0).
---draft-cost adds a fourth setting, "k=0 spec": `Engine(model, 0)` on the k=3 pair, which decodes
-as the draft-less pair does but prefills the draft too: its prefill and cycle seconds against k=0's
-show what speculating costs a request before it decodes. --eager-draft-prefill adds "adaptive
+--pair-k0 adds a fourth setting, "k=0 pair": `Engine(model, 0)` on the k=3 pair, plain decoding on
+adaptive's own compile (a fixed k = 0 never drafts: no draft prefill), against the draft-less k=0 (a
+compile of its own: inductor chooses each compile's GEMMs anew) and adaptive against it (what
+adaptive's choices cost or gain on the same kernels); its prefill and cycle seconds against k=0's. --eager-draft-prefill adds "adaptive
 eager": adaptive speculation with every prompt's draft prefill at admission (lazy_draft_prefill=
 False), against adaptive's default (without prefix caching: lazy, the draft's prefill deferred to
 its catch-up). --unchecked adds "adaptive unchecked": adaptive speculation without its check against
@@ -38,7 +39,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
 
     python bench/engine_load.py                       # about 14 minutes on a 2-core CPU
     python bench/engine_load.py --concurrency 1,16 --repeats 3
-    python bench/engine_load.py --concurrency 4,16 --repeats 3 --draft-cost
+    python bench/engine_load.py --concurrency 4,16 --repeats 3 --pair-k0
     python bench/engine_load.py --concurrency 4,16,64 --eager-draft-prefill
     python bench/engine_load.py --concurrency 4 --held-at-k0
     python bench/engine_load.py --concurrency 4,64 --unchecked
@@ -71,8 +72,8 @@ def parse_args(argv=None):
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
-    ap.add_argument("--draft-cost", action="store_true", help='also run "k=0 spec": k=0 on the k=3 pair '
-                    "(it prefills the draft), against the draft-less k=0")
+    ap.add_argument("--pair-k0", action="store_true", help='also run "k=0 pair": k=0 on the k=3 pair (adaptive\'s '
+                    "compile; no draft prefill), against the draft-less k=0, and adaptive against it")
     ap.add_argument("--held-at-k0", action="store_true", help='also run "adaptive at k=0": adaptive whose every '
                     "cycle is held at k = 0, against the draft-less k=0 (adaptive's costs beside its choices)")
     ap.add_argument("--eager-draft-prefill", action="store_true", help='also run "adaptive eager": adaptive '
@@ -124,7 +125,7 @@ class Timed:
 
 
 RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
-EXTRA_RATIOS = (("k=0 spec", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"),
+EXTRA_RATIOS = (("adaptive", "k=0 pair"), ("k=0 pair", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"),
                 ("adaptive", "adaptive eager"), ("adaptive", "adaptive unchecked"), ("adaptive unchecked", "k=0"))
 CONFIDENCE = 0.9
 
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
-    speculating = 2 + args.draft_cost + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
+    speculating = 2 + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
     # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
@@ -263,8 +264,8 @@ def main(argv=None) -> int:
     split = dict(split_by_length=args.split_by_length)
     engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
                "k=0": Engine(plain, tok, 0, **split)}
-    if args.draft_cost:
-        engines["k=0 spec"] = Engine(model, tok, 0, **split)
+    if args.pair_k0:
+        engines["k=0 pair"] = Engine(model, tok, 0, **split)
     if args.held_at_k0:
         engines["adaptive at k=0"] = adaptive_held_at_zero(model, tok, **split)
     if args.eager_draft_prefill:
@@ -316,13 +317,13 @@ def main(argv=None) -> int:
         print(f"{p['concurrency']:>4} {m['adaptive']:>9.1f} {m['k=3']:>8.1f} {m['k=0']:>8.1f} "
               f"{m['adaptive'] / m['k=0']:>7.2f} {m['adaptive'] / m['k=3']:>7.2f} {m['k=3'] / m['k=0']:>7.2f}  "
               f"{dict(sorted(ks.items()))}; {dict(off)}")
-    if args.draft_cost:
-        print(f"{'conc':>4} {'k=0 spec / k=0':>15}  prefill s (k=0 spec / k=0)  cycles s (k=0 spec / k=0)")
+    if args.pair_k0:
+        print(f"{'conc':>4} {'k=0 pair / k=0':>15}  prefill s (k=0 pair / k=0)  cycles s (k=0 pair / k=0)")
         for p in points:
-            spec, plain_runs = p["runs"]["k=0 spec"], p["runs"]["k=0"]
+            spec, plain_runs = p["runs"]["k=0 pair"], p["runs"]["k=0"]
             seconds = {key: [statistics.median(r[key] for r in runs) for runs in (spec, plain_runs)]
                        for key in ("prefill_s", "cycles_s")}
-            print(f"{p['concurrency']:>4} {p['median_tok_s']['k=0 spec'] / p['median_tok_s']['k=0']:>15.2f}  "
+            print(f"{p['concurrency']:>4} {p['median_tok_s']['k=0 pair'] / p['median_tok_s']['k=0']:>15.2f}  "
                   f"{seconds['prefill_s'][0]:>10.3f} / {seconds['prefill_s'][1]:<10.3f}      "
                   f"{seconds['cycles_s'][0]:>8.3f} / {seconds['cycles_s'][1]:.3f}")
     how = "stepped in turn" if args.interleave == "steps" else "back to back"

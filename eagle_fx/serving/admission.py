@@ -74,9 +74,10 @@ def admit(engine) -> None:
 
         def keep(rows, positions, features):
             engine.features[rows, positions % window] = features
+    skip = lazy or engine.draft_free  # (a fixed k = 0's: no catch-up ever, nothing kept)
     for r in group:
-        r.lazy = lazy
-    chunks = prefill_chunks(engine.model, call, wave, carry, draft_prefill=not lazy, keep_features=keep)
+        r.lazy = skip
+    chunks = prefill_chunks(engine.model, call, wave, carry, draft_prefill=not skip, keep_features=keep)
     engine.prefilling.append((group, chunks, wave, call))
 
 

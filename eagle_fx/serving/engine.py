@@ -104,6 +104,10 @@ class Engine:
         if lazy_draft_prefill is None:
             lazy_draft_prefill = not model.options.prefix_caching
         self.lazy_draft_prefill = lazy_draft_prefill and self.adaptive and self.kv.kv_mode != "layer"
+        # fixed k = 0 on a pair never drafts: its prompts skip the draft's prefill (kept where the prefix cache
+        # takes a block only with the draft's K/V, and where the draft's K/V lives in the base's layers)
+        self.draft_free = (model.speculates and ks == [0] and not model.options.prefix_caching
+                           and self.kv.kv_mode != "layer")
         slots, spec, long = model.options.max_batch_size, model.spec, dict(dtype=torch.long, device=model.device)
         draft_vocab = (spec.vocab_size if spec.d2t is None else spec.d2t.shape[0]) if model.speculates else 0
         draft_hidden = spec.draft_hidden_size if model.speculates else 0

@@ -191,7 +191,7 @@ class Request:
     cached: int = 0  # prompt tokens from the prefix cache
     committed: int = 0  # tokens in the base KV (the last output token is pending)
     draft_upto: int = 0  # the draft has processed slots <= this (== committed when in step)
-    lazy: bool = False  # its prompt's draft prefill deferred to the draft's catch-up (Engine lazy_draft_prefill)
+    lazy: bool = False  # its prompt's draft prefill deferred to the draft's catch-up (lazy_draft_prefill), or skipped (draft_free)
     speculating: bool = True
     off_reason: str | None = None
     probe_at: int = 0  # output length at which a collapsed request speculates again

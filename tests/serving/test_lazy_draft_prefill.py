@@ -139,3 +139,26 @@ def test_a_catch_up_is_priced_over_the_tokens_of_the_requests_it_catches_up(pair
     assert (seen[0][7], seen[0][12]) == (left(a), left(a, c))  # remaining, ride_remaining
     while engine.has_unfinished():
         engine.step()
+
+
+def test_a_fixed_k0_engine_on_a_pair_never_prefills_the_draft(pair, model):
+    """Engine(model, 0) on a pair (the k = 0 a server of the pair runs): no draft prefill, outputs ==
+    HF greedy; with prefix caching (the module's model: a block is cached with the draft's K/V) the
+    draft is prefilled as before."""
+    import eagle_fx
+
+    tok, base, draft, _ = pair
+    prompts = five(pair)  # (five, four slots: one waits)
+    uncached = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=4, max_seq_len=256,
+                                prefill_chunk_size=8)
+    computed = {}
+    for m in (uncached, model):
+        m.kv_cache.reset()
+        engine = Engine(m, tok, 0)
+        assert engine.draft_free == (m is uncached)
+        ids, finished = run(engine, prompts, 8)
+        for rid, prompt in zip(ids, prompts):
+            assert finished[rid] == hf_greedy(base, prompt, 8)
+        assert engine.metrics()["kv_blocks_used"] == 0
+        computed[m is uncached] = engine.stats.prefill_tokens_computed_draft
+    assert computed[True] == 0 and computed[False] > 0
