@@ -14,9 +14,12 @@ request-second is what either arm serves, whatever the batch does meanwhile). Th
 leader) runs; the other runs one epoch after `gap` of the leader's, and is compared with the
 leader's epoch right after it (both start with a switch, and the adaptive one pays the catch-up of
 the plain one's tokens); the leader is the arm ahead over the last PAIRS comparisons (the geometric
-mean of their ratios). Each time the trailing arm loses again its gap doubles, up to MAX_GAP, and
-it is back to 1 when it wins or the leader changes: a settled difference costs one epoch in
-MAX_GAP + 1 at the slower arm, and a changed one is seen within a few epochs.
+mean of their ratios). Each time the trailing arm loses again its gap doubles, up to MAX_GAP; a
+win halves it, and a change of leader sets it back to 1: a settled difference costs one epoch in
+MAX_GAP + 1 at the slower arm, and a changed one is seen within a few of the trailing arm's epochs.
+(Set back to 1 by a single win, as until stop 48, near-equal arms' noisy comparisons kept the gap at
+1-2 and a third of the epochs at the trailing arm, each adaptive one paying its catch-ups: adaptive /
+plain on the same compile 0.92, 0.97, 0.97 at 4, 16, 64 in flight against 0.95, 0.98, 0.98 halved.)
 
 Which arm is faster depends on the load (speculation wins at 1 in flight and may lose at 64): each
 load (requests in the engine r when an epoch starts, by the bit length of r + 1: 1-2, 3-6, 7-14,
@@ -62,8 +65,10 @@ class Load:
             adaptive, plain = (rate, other) if arm == ADAPTIVE else (other, rate)
             self.ratios.append(math.log(adaptive / plain))
             leader = ADAPTIVE if sum(self.ratios) >= 0 else PLAIN
-            if leader != self.leader or other > rate:
+            if leader != self.leader:
                 self.leader, self.gap = leader, 1
+            elif other > rate:  # a win of the trailing arm that left the lead where it was
+                self.gap = max(1, self.gap // 2)
             else:
                 self.gap = min(2 * self.gap, MAX_GAP)
         if arm == self.leader and self.since + 1 >= self.gap:

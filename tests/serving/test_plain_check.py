@@ -45,19 +45,38 @@ def test_a_faster_adaptive_keeps_the_lead_and_plain_is_checked_ever_more_rarely(
     assert check.ratio == pytest.approx(1.5) and check.leader == ADAPTIVE
 
 
+def test_a_single_win_of_the_trailing_arm_halves_its_gap():
+    """Plain faster, adaptive trailing at gap 32; one adaptive epoch faster than the plain one after
+    it: the lead stays with plain (the mean over PAIRS comparisons) and the gap is halved, not set
+    back to 1; the next loss doubles it again."""
+    check = PlainCheck(epoch_seconds=1.0)
+    slower = lambda arm, _: 100.0 if arm == PLAIN else 80.0  # noqa: E731
+    schedule(check, slower, 70)
+    assert check.leader == PLAIN and check.gap == MAX_GAP
+    while check.arm != ADAPTIVE:
+        schedule(check, slower, 1)
+    assert schedule(check, lambda arm, _: 120.0 if arm == ADAPTIVE else 100.0, 2) == "ap"  # its win, compared
+    assert check.leader == PLAIN and check.gap == MAX_GAP // 2
+    arms = schedule(check, slower, MAX_GAP // 2 + 1)  # its next run (the plain epoch compared counts), a loss
+    assert arms == "p" * (MAX_GAP // 2 - 1) + "ap"
+    assert check.leader == PLAIN and check.gap == MAX_GAP
+
+
 def test_a_change_of_which_arm_is_faster_is_seen_within_a_few_epochs_of_its_check():
     """Plain faster for 40 epochs, then adaptive 1.5x faster: at plain's next check of adaptive
-    (its gap then 16) adaptive wins, the gap is back to 1 and, over PAIRS comparisons, the lead moves."""
+    (its gap then 16) adaptive wins, its gap halves at each win and, over PAIRS comparisons, the
+    lead moves."""
     check = PlainCheck(epoch_seconds=1.0)
 
     def rate(arm, epoch):
         if epoch < 40:
             return 100.0 if arm == PLAIN else 80.0
         return 150.0 if arm == ADAPTIVE else 100.0
-    arms = schedule(check, rate, 120)
+    arms = schedule(check, rate, 160)
     first_after = arms.index("a", 40)
     assert check.leader == ADAPTIVE
-    assert arms.index("aa", 40) - first_after < 2 * PAIRS + 4  # the lead moved within a few alternations
+    # the lead moved within the halved gaps (16 + 8 + 4 + ... < MAX_GAP) and a few alternations
+    assert arms.index("aa", 40) - first_after < MAX_GAP + 2 * PAIRS
     assert arms[-20:].count("p") <= 2
 
 
