@@ -30,7 +30,8 @@ only, and the draft computes its prompt when (if ever) a cycle speculates for it
 prices as it prices any catch-up. With plain_check (adaptive; on by default) what those choices
 deliver is checked against plain decoding in adjacent epochs of the engine's own running, and the
 faster arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races
-wrongly, and the check caps what that costs.
+wrongly, and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts
+get no draft prefill (but with prefix caching or kv_share='layer').
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
