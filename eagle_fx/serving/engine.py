@@ -137,7 +137,7 @@ class Engine:
         self.catch_ups = SizeCosts(extrapolate=False)  # seconds of a draft catch-up call, per tokens behind (powers of 2)
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
-        self.current_k, self.current_ride = ks[-1], False  # the last cycle's k; whether requests at k = 0 rode in it
+        self.current_k = ks[-1]  # the last cycle's k
         # pick_k's last choice (the plan its hysteresis keeps): a plain epoch of the check leaves it, so
         # that adaptive resumes where it was (from k = 0, the catch-up it must price kept it there)
         self.chosen = (ks[-1], False)
@@ -253,7 +253,7 @@ class Engine:
         k, ride = self.pick_k(spec, off) if self.adaptive and spec and not plain else (self.ks[0], False)
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if plain else "cost"] += 1
-        self.current_k, self.current_ride = k, ride
+        self.current_k = k
         if not plain and self.adaptive and spec:
             self.chosen = (k, ride)
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
