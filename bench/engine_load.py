@@ -23,9 +23,9 @@ adaptive costs beside its choices of k (its choices' share is the rest of adapti
 adaptive's own compile (a fixed k = 0 never drafts: no draft prefill), against the draft-less k=0 (a
 compile of its own: inductor chooses each compile's GEMMs anew) and adaptive against it (what
 adaptive's choices cost or gain on the same kernels); its prefill and cycle seconds against k=0's.
---eager-draft-prefill adds "adaptive eager": adaptive speculation with every prompt's draft prefill at admission (lazy_draft_prefill=
-False), against adaptive's default (without prefix caching: lazy, the draft's prefill deferred to
-its catch-up). --unchecked adds "adaptive unchecked": adaptive speculation without its check against
+--eager-draft-prefill adds "adaptive eager": adaptive speculation with every prompt's draft prefill
+at admission (lazy_draft_prefill=False), against adaptive's default (without prefix caching: lazy,
+the draft's prefill deferred to its catch-up). --unchecked adds "adaptive unchecked": adaptive speculation without its check against
 plain decoding (plain_check=False: every step runs pick_k's choice), against adaptive's default.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
