@@ -28,8 +28,9 @@ again; past the ring it stays at k = 0. With lazy_draft_prefill (adaptive; by de
 caching is off) a prompt's draft prefill waits for the same catch-up: a request has its base prefill
 only, and the draft computes its prompt when (if ever) a cycle speculates for it, a cost choose_k
 prices as it prices any catch-up. With plain_check (adaptive; on by default) what those choices
-deliver is checked against plain decoding in adjacent epochs of the engine's own running, and the
-faster arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races
+deliver is checked against plain decoding (and, where they mostly speculate at the largest k, against
+that k for every request) in adjacent epochs of the engine's own running, and the faster arm runs
+(eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races
 wrongly, and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts
 get no draft prefill (but with prefix caching or kv_share='layer').
 
@@ -55,7 +56,7 @@ from eagle_fx.serving.draft_catch_up import catch_up_draft
 from eagle_fx.serving.engine_metrics import OFF_REASONS, engine_metrics
 from eagle_fx.serving.grammars import EngineGrammars, commit
 from eagle_fx.serving.length_groups import choice_prices, length_groups
-from eagle_fx.serving.plain_check import PLAIN, PlainCheck
+from eagle_fx.serving.plain_check import ADAPTIVE, FULL, PLAIN, PlainCheck
 from eagle_fx.serving.requests import Request, RequestOutput, SamplingParams, TextState, checked_prompt
 
 log = logging.getLogger("eagle_fx.serving")
@@ -80,8 +81,8 @@ class Engine:
         feature_dim values per position and slot). lazy_draft_prefill (adaptive only): a prompt's draft prefill
         deferred to its catch-up (where its prompt fits the ring); None: on unless prefix caching is (a block
         enters the prefix cache only with the draft's K/V, which a deferred prefill may never compute).
-        plain_check (adaptive only): its choices checked against plain decoding in adjacent epochs, the
-        faster arm running (eagle_fx.serving.plain_check)."""
+        plain_check (adaptive only): its choices checked against plain decoding (and the largest k) in
+        adjacent epochs, the faster arm running (eagle_fx.serving.plain_check)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission
@@ -138,7 +139,7 @@ class Engine:
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k = ks[-1]  # the last cycle's k
-        # pick_k's last choice (the plan its hysteresis keeps): a plain epoch of the check leaves it, so
+        # pick_k's last choice (the plan its hysteresis keeps): a plain or full epoch of the check leaves it, so
         # that adaptive resumes where it was (from k = 0, the catch-up it must price kept it there)
         self.chosen = (ks[-1], False)
         self.finished_by_reason = dict.fromkeys(("stop", "length", "abort"), 0)
@@ -248,14 +249,19 @@ class Engine:
                 r.watch.clear()
         spec = [r for r in self.running if r.speculating and self.can_speculate(r)]
         off = [r for r in self.running if not (r.speculating and self.can_speculate(r))]
-        plain = (self.plain_check is not None  # (the load an epoch of the check counts in: requests in the engine)
-                 and self.plain_check.arm_for(self.num_running + self.num_waiting) == PLAIN)
-        k, ride = self.pick_k(spec, off) if self.adaptive and spec and not plain else (self.ks[0], False)
+        check = self.plain_check  # (the load an epoch of the check counts in: requests in the engine)
+        arm = ADAPTIVE if check is None else check.arm_for(self.num_running + self.num_waiting)
+        if not (self.adaptive and spec) or arm == PLAIN:
+            k, ride = self.ks[0], False
+        elif arm == FULL:
+            k, ride = self.ks[-1], False
+        else:
+            k, ride = self.chosen = self.pick_k(spec, off)
+            if check is not None:
+                check.chose(k == self.ks[-1])
         if k == 0 and self.current_k > 0 and spec:
-            self.off_events["plain_check" if plain else "cost"] += 1
+            self.off_events["plain_check" if arm == PLAIN else "cost"] += 1
         self.current_k = k
-        if not plain and self.adaptive and spec:
-            self.chosen = (k, ride)
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
             if group:

@@ -26,22 +26,42 @@ load (requests in the engine r when an epoch starts, by the bit length of r + 1:
 15-30, 31-62, 63-126, ...) keeps comparisons of its own. An epoch counts in the load it started at
 (the decoding requests move by a few as requests finish and prefill: split by them, a closed loop's
 epochs fell into two loads in turn and were never compared).
+
+A third arm, "full" (every speculating request at the engine's largest k, pick_k passed over,
+catch-ups as adaptive's), is tried where adaptive's own choices say speculation pays: at a load
+where pick_k chose the largest k in at least half of its last cycles (FULL_WINDOW, at least
+FULL_MIN_CYCLES of them). There pick_k's own noise costs what it costs plain decoding elsewhere: at
+1 in flight adaptive made 0.90-0.94x fixed k = 3 (stop 48). Each trailing arm has a gap, and
+comparisons against the leader, of its own; the most overdue runs, and it takes the lead when its
+comparisons' mean is above 0 (a tie goes to adaptive). A change of leader keeps the comparisons of
+the old leader and the new one (reversed) and drops the third arm's, which were against the old
+leader; every gap goes back to 1. Tried everywhere, its epochs (every request caught up, cycles at
+k = 3) cost 3-4% at 4 and 64 in flight where k = 3 loses; conditioned, A/B on the same compile, 5
+rounds (stop 48, README): adaptive / plain decoding 1.12 against 1.07 two-armed at 1 in flight,
+0.955 against 0.960 at 4, 0.983 against 0.978 at 64.
 """
+
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-ADAPTIVE, PLAIN = "adaptive", "plain"
+ADAPTIVE, PLAIN, FULL = "adaptive", "plain", "full"
+ARMS = (ADAPTIVE, PLAIN, FULL)
 EPOCH_SECONDS = 0.2  # an epoch's decode seconds (a few dozen cycles at 4 rows on a CPU, a dozen at 64)
 PAIRS = 6  # comparisons the leader is decided over
-MAX_GAP = 32  # the leader's epochs between two of the trailing arm's, at most
+MAX_GAP = 32  # the leader's epochs between two of a trailing arm's, at most
+FULL_WINDOW, FULL_MIN_CYCLES = 64, 20  # adaptive's last cycles full is conditioned on, and how many at least
 
 
 def load_of(running: int) -> int:
     """The load a step of `running` requests counts in (see the module)."""
     return (running + 1).bit_length()
+
+
+def _fresh(value):
+    return {arm: value() for arm in ARMS}
 
 
 @dataclass
@@ -50,42 +70,67 @@ class Load:
 
     arm: str = ADAPTIVE
     leader: str = ADAPTIVE
-    gap: int = 1  # the trailing arm runs after `gap` of the leader's epochs
-    since: int = 0  # the leader's epochs since the trailing arm's last
-    ratios: deque = field(default_factory=lambda: deque(maxlen=PAIRS))  # log(adaptive / plain)
-    trailing: float | None = None  # the trailing arm's last epoch's rate, until compared
+    gaps: dict = field(default_factory=lambda: _fresh(lambda: 1))  # a trailing arm runs after its gap of the leader's epochs
+    since: dict = field(default_factory=lambda: _fresh(lambda: 0))  # the leader's epochs since its last
+    against: dict = field(default_factory=lambda: _fresh(lambda: deque(maxlen=PAIRS)))  # log(its rate / the leader's)
+    trailing: tuple | None = None  # (arm, rate) of a trailing arm's last epoch, until compared
+    at_k_max: deque = field(default_factory=lambda: deque(maxlen=FULL_WINDOW))  # adaptive's last choices: the largest k?
+
+    @property
+    def gap(self) -> int:
+        """The gap of the trailing arm of the two that are not full (plain's, or adaptive's when plain leads)."""
+        return self.gaps[PLAIN if self.leader != PLAIN else ADAPTIVE]
+
+    @property
+    def ratios(self) -> list[float]:
+        """log(adaptive / plain) over their last comparisons (none while full leads)."""
+        if self.leader == FULL:
+            return []
+        return list(self.against[ADAPTIVE]) if self.leader == PLAIN else [-x for x in self.against[PLAIN]]
+
+    @property
+    def full_due(self) -> bool:
+        """Whether full is tried here: pick_k chose the largest k in half of its last cycles."""
+        n = len(self.at_k_max)
+        return n >= FULL_MIN_CYCLES and 2 * sum(self.at_k_max) >= n
 
     def closed(self, rate: float) -> None:
         """An epoch of `arm` at `rate` ended: compare, and pick the next epoch's arm."""
         arm = self.arm
         if arm != self.leader:
-            self.trailing = rate
+            self.trailing = (arm, rate)
         elif self.trailing is not None:
-            other, self.trailing = self.trailing, None
-            adaptive, plain = (rate, other) if arm == ADAPTIVE else (other, rate)
-            self.ratios.append(math.log(adaptive / plain))
-            leader = ADAPTIVE if sum(self.ratios) >= 0 else PLAIN
-            if leader != self.leader:
-                self.leader, self.gap = leader, 1
-            elif other > rate:  # a win of the trailing arm that left the lead where it was
-                self.gap = max(1, self.gap // 2)
+            (other, other_rate), self.trailing = self.trailing, None
+            against = self.against[other]
+            against.append(math.log(other_rate / rate))
+            if sum(against) > 0 or (sum(against) == 0 and other == ADAPTIVE):
+                fresh = Load(leader=other, at_k_max=self.at_k_max)
+                fresh.against[arm].extend(-x for x in against)  # (the old leader's, against the new one)
+                self.leader, self.gaps, self.since, self.against = other, fresh.gaps, fresh.since, fresh.against
+            elif other_rate > rate:  # a win of the trailing arm that left the lead where it was
+                self.gaps[other] = max(1, self.gaps[other] // 2)
             else:
-                self.gap = min(2 * self.gap, MAX_GAP)
-        if arm == self.leader and self.since + 1 >= self.gap:
-            self.arm, self.since = (PLAIN if self.leader == ADAPTIVE else ADAPTIVE), 0
-        else:
-            self.since += arm == self.leader
-            self.arm = self.leader
+                self.gaps[other] = min(2 * self.gaps[other], MAX_GAP)
+        if arm == self.leader:
+            trailing = [a for a in ARMS if a != self.leader]
+            for a in trailing:
+                self.since[a] += 1
+            due = [a for a in trailing if self.since[a] >= self.gaps[a] and (a != FULL or self.full_due)]
+            if due:
+                self.arm = max(due, key=lambda a: self.since[a] - self.gaps[a])  # (the most overdue; ties: ARMS' order)
+                self.since[self.arm] = 0
+                return
+        self.arm = self.leader
 
 
 class PlainCheck:
     """Which arm the engine's next step runs (`arm_for(in_flight)`), from the epochs' rates (`record`
-    each step)."""
+    each step) and adaptive's choices (`chose`)."""
 
     def __init__(self, epoch_seconds: float = EPOCH_SECONDS):
         self.epoch_seconds = epoch_seconds
         self.loads: dict[int, Load] = {}
-        self.epochs = {ADAPTIVE: 0, PLAIN: 0}
+        self.epochs = dict.fromkeys(ARMS, 0)
         self._at: int | None = None  # the load of the epoch under way (or of the last one)
         self._open = False  # an epoch is under way
         self._tokens = self._seconds = self._request_seconds = 0.0
@@ -111,9 +156,14 @@ class PlainCheck:
     gap = property(lambda self: self._load.gap)
     ratios = property(lambda self: self._load.ratios)
 
+    def chose(self, k_max: bool) -> None:
+        """A cycle of the adaptive arm ran pick_k's choice: the engine's largest k (k_max) or not."""
+        self._load.at_k_max.append(k_max)
+
     @property
     def ratio(self) -> float | None:
-        """adaptive / plain at the current load over its last comparisons (geometric mean); None before any."""
+        """adaptive / plain at the current load over its last comparisons (geometric mean); None before
+        any, and while full leads."""
         ratios = self._load.ratios
         return math.exp(sum(ratios) / len(ratios)) if ratios else None
 

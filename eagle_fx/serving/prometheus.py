@@ -45,7 +45,8 @@ SCALARS = (
      "was deferred (lazy draft prefill), before a cycle at k > 0."),
     ("eagle_fx:plain_check_ratio", "gauge", "plain_check_ratio",
      "Adaptive speculation's output tokens per request-second over plain decoding's, in adjacent epochs (the "
-     "geometric mean of the last comparisons); below 1 the engine decodes at k = 0, checking adaptive now and then."),
+     "geometric mean of the last comparisons); below 1 the engine decodes at k = 0, checking adaptive now and then. "
+     "Absent while the full arm (the largest k for every request) leads."),
 )
 
 # (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help); a tuple of
@@ -58,8 +59,8 @@ LABELLED = (
     ("eagle_fx:speculation_off_events_total", "counter", "speculation_off_events_total", "reason",
      "Times speculation was switched off for a request, by reason."),
     ("eagle_fx:plain_check_epochs_total", "counter", "plain_check_epochs_total", "arm",
-     "Decode epochs run by adaptive speculation's choices (arm adaptive) and at k = 0 (arm plain), as its check "
-     "against plain decoding ran them."),
+     "Decode epochs run by adaptive speculation's choices (arm adaptive), at k = 0 (arm plain) and at the largest k "
+     "for every request (arm full), as its check against plain decoding ran them."),
     ("eagle_fx:decode_cycles_total", "counter", "cycles_by_k", "k",
      "Decode cycles run, by draft tokens per request k (0: plain decoding; adaptive speculation picks k per cycle)."),
     ("eagle_fx:step_outside_cycles_seconds", "gauge", "outside_seconds", "batch_size",

@@ -1,7 +1,8 @@
 """PlainCheck: adaptive speculation against plain decoding in adjacent epochs (eagle_fx.serving.plain_check).
 
 Oracles: the arm schedule its rules give for rates fed to it (each epoch one record of exactly
-epoch_seconds), worked out by hand below; and an engine whose adaptive arm is slowed (a sleep in
+epoch_seconds), worked out by hand below; an engine whose full arm runs the largest k where pick_k
+picks another; and an engine whose adaptive arm is slowed (a sleep in
 every cycle at k > 0) decodes at k = 0 but for one epoch in MAX_GAP + 1, every output == HF greedy."""
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import time
 import pytest
 
 from eagle_fx.serving import Engine, SamplingParams
-from eagle_fx.serving.plain_check import ADAPTIVE, MAX_GAP, PAIRS, PLAIN, PlainCheck, load_of
+from eagle_fx.serving.plain_check import (ADAPTIVE, FULL, FULL_MIN_CYCLES, FULL_WINDOW, MAX_GAP, PAIRS, PLAIN,
+                                          PlainCheck, load_of)
 from tests.serving.test_engine import hf_greedy, model, pair  # noqa: F401 (the same bundled pair, compiled alike)
 
 
 def schedule(check: PlainCheck, rate, epochs: int, size: int = 4) -> str:
     """Run `epochs` epochs, the arm of each from the check, its rate rate(arm, epoch) tokens per
-    request-second; returns the arms as a string (a: adaptive, p: plain)."""
+    request-second; returns the arms as a string (a: adaptive, p: plain, f: full)."""
     arms = ""
     for epoch in range(epochs):
         arm = check.arm
@@ -96,7 +98,7 @@ def test_each_load_keeps_its_own_comparisons():
     check.record(80.0 * 64, 1.0, 64)
     assert check.leader == PLAIN and check.ratio == pytest.approx(0.8) and check.gap == 1
     assert check.arm_for(4) == PLAIN and check.gap == MAX_GAP and check.ratio == pytest.approx(0.8)
-    assert check.epochs == {ADAPTIVE: arms.count("a") + 2, PLAIN: arms.count("p") + 1}
+    assert check.epochs == {ADAPTIVE: arms.count("a") + 2, PLAIN: arms.count("p") + 1, FULL: 0}
     assert [load_of(r) for r in (1, 2, 3, 4, 15, 16, 63, 64)] == [2, 2, 3, 3, 5, 5, 7, 7]
 
 
@@ -104,13 +106,101 @@ def test_an_epoch_is_its_tokens_per_request_second_whatever_its_steps():
     check = PlainCheck(epoch_seconds=1.0)
     for size in (3, 4, 4, 4, 3):  # 0.2 s steps of 3-4 requests at 10 tokens per request-second
         check.record(10.0 * 0.2 * size, 0.2, size)
-    assert check.arm == PLAIN and check.epochs == {ADAPTIVE: 1, PLAIN: 0}
+    assert check.arm == PLAIN and check.epochs == {ADAPTIVE: 1, PLAIN: 0, FULL: 0}
     for size in (4, 4, 4, 4, 4):  # plain at 12.5 per request-second
         check.record(12.5 * 0.2 * size, 0.2, size)
     for size in (4, 4, 4, 4, 4):  # adaptive again at 10: compared with the plain epoch
         check.record(10.0 * 0.2 * size, 0.2, size)
     assert check.ratio == pytest.approx(0.8) and check.leader == PLAIN
     assert math.isclose(sum(check.ratios), math.log(0.8))
+
+
+def test_full_is_tried_only_where_adaptive_chose_the_largest_k_in_half_its_last_cycles():
+    check = PlainCheck(epoch_seconds=1.0)
+    check.arm_for(4)
+    load = check.loads[load_of(4)]
+    for _ in range(FULL_MIN_CYCLES - 1):
+        check.chose(True)
+    assert not load.full_due  # (too few cycles)
+    check.chose(True)
+    assert load.full_due
+    for _ in range(FULL_MIN_CYCLES):
+        check.chose(False)
+    assert load.full_due  # 20 of 40
+    check.chose(False)
+    assert not load.full_due  # 20 of 41
+    for _ in range(FULL_WINDOW):
+        check.chose(True)
+    assert load.full_due and len(load.at_k_max) == FULL_WINDOW  # (the last FULL_WINDOW only)
+    check.record(100.0 * 4, 1.0, 4)  # (an epoch at 4 ends; the next starts at 64: a load of its own)
+    assert check.arm_for(64) == ADAPTIVE and not check.loads[load_of(64)].full_due and load.full_due
+    # never chosen: the two arms' schedule, full never run
+    arms = schedule(PlainCheck(epoch_seconds=1.0), lambda arm, _: {ADAPTIVE: 100.0, PLAIN: 80.0, FULL: 500.0}[arm], 60)
+    assert "f" not in arms and arms.startswith("ap" + "aap" + "aaaap")
+
+
+def test_full_takes_the_lead_when_faster_and_each_trailing_arm_keeps_its_own_gap():
+    """adaptive 100, plain 80, full 120 tokens per request-second, adaptive's choices at the largest
+    k: plain is checked first (ties go in the arms' order: adaptive, plain, full) and loses (its gap
+    2); full, due next, wins and leads, every gap back to 1 and adaptive's comparisons (reversed)
+    kept; adaptive then plain are checked, each losing and doubling its own gap."""
+    check = PlainCheck(epoch_seconds=1.0)
+    check.arm_for(4)
+    for _ in range(FULL_MIN_CYCLES):
+        check.chose(True)
+    rates = {ADAPTIVE: 100.0, PLAIN: 80.0, FULL: 120.0}
+    arms = schedule(check, lambda arm, _: rates[arm], 16)
+    assert arms == "apaf" + "afaf" + "pfaf" + "pfff"
+    load = check.loads[load_of(4)]
+    assert check.leader == FULL and load.gaps[ADAPTIVE] == 4 and load.gaps[PLAIN] == 4
+    assert list(load.against[ADAPTIVE]) == pytest.approx([math.log(100 / 120)] * 3)
+    assert list(load.against[PLAIN]) == pytest.approx([math.log(80 / 120)] * 2)
+    assert check.ratio is None  # (adaptive / plain is not what the lead is decided over now)
+    arms = schedule(check, lambda arm, _: rates[arm], 200)
+    assert check.leader == FULL and load.gaps == {ADAPTIVE: MAX_GAP, PLAIN: MAX_GAP, FULL: 1}
+    assert arms[-100:].count("f") >= 100 - 2 * 100 // MAX_GAP - 2
+    # full slower from here: adaptive's next check wins and, over its comparisons, takes the lead back
+    rates[FULL] = 60.0
+    schedule(check, lambda arm, _: rates[arm], 2 * MAX_GAP + 2 * PAIRS)
+    assert check.leader == ADAPTIVE
+
+
+def test_the_engines_full_arm_runs_the_largest_k_where_pick_k_picks_another(pair, model):
+    """Prices make k = 1 pick_k's choice; in epochs of the full arm every cycle runs k = 3 (catch-ups
+    as needed), pick_k not asked and its last choice kept; adaptive's cycles count as not the largest
+    k. Outputs == HF greedy across the arms."""
+    tok, base, _, prompts = pair
+    model.kv_cache.reset()
+    engine = Engine(model, tok, "adaptive", ks=[0, 1, 3], measure=False, lazy_draft_prefill=True)
+    engine.plain_check.epoch_seconds = float("inf")  # (the test moves the arms)
+    for k, seconds in ((0, 1.0), (1, 0.6), (3, 1.5)):
+        for size in (1, 2):
+            engine.costs.observe(k, size, seconds * size)
+    engine.costs.observe = lambda *args, **kwargs: None
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts[:2]]
+    finished = {}
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.token_ids
+    while not engine.cycles_by_k[1]:
+        step()
+    load = engine.plain_check.loads[load_of(2)]
+    assert engine.chosen == (1, False) and not any(load.at_k_max)
+    load.arm, before = FULL, dict(engine.cycles_by_k)
+    for _ in range(4):
+        step()
+        assert engine.current_k == 3 and engine.chosen == (1, False)
+    assert engine.cycles_by_k[3] >= before[3] + 4 and engine.cycles_by_k[1] == before[1]
+    assert len(load.at_k_max) == before[1]  # (full's cycles are not adaptive's choices)
+    load.arm = ADAPTIVE
+    while engine.has_unfinished():
+        step()
+    for rid, prompt in zip(ids, prompts[:2]):
+        assert finished[rid] == hf_greedy(base, prompt, 48)
+    assert engine.metrics()["kv_blocks_used"] == 0
 
 
 def test_the_engine_decodes_at_k0_when_its_speculation_is_slower(pair, model):
