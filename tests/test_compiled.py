@@ -26,3 +26,33 @@ def test_one_trace_serves_every_size_and_a_new_dtype_traces_again_under_the_sett
         table = torch.ones(7, 3, dtype=torch.long)
         torch.testing.assert_close(fn(x64, table), _step(x64, table))
     assert fx_config.use_duck_shape  # the settings hold inside calls only
+
+
+def test_input_guards_only_keeps_the_inputs_guards_and_drops_the_closures():
+    """guard_inputs_only (the chain cycle's): a new dtype still traces again and one trace serves
+    every size; a value the function closes over is read at trace time only, where
+    without the filter a change of it is guarded and traced again."""
+    filtered_scale, full_scale = [2.0], [2.0]
+
+    def filtered_fn(x):  # (two functions: dynamo keeps its traces per code object)
+        return x * filtered_scale[0]
+
+    def full_fn(x):
+        return x * full_scale[0]
+    traces = []
+
+    def counting(gm, example_inputs):
+        traces.append(gm)
+        return gm.forward
+    filtered = compile_dynamic(filtered_fn, fullgraph=True, backend=counting, guard_inputs_only=True)
+    full = compile_dynamic(full_fn, fullgraph=True, backend=counting)
+    for rows in (3, 5, 1, 4):
+        x = torch.randn(rows, 2)
+        torch.testing.assert_close(filtered(x), 2.0 * x)
+    assert len(traces) == 1  # (every size, 1 included, in one trace: as without the filter)
+    torch.testing.assert_close(filtered(torch.ones(3, 2, dtype=torch.float64)), torch.full((3, 2), 2.0, dtype=torch.float64))
+    assert len(traces) == 2  # a new dtype: traced again
+    torch.testing.assert_close(full(torch.ones(3, 2)), torch.full((3, 2), 2.0))
+    filtered_scale[0] = full_scale[0] = 3.0
+    torch.testing.assert_close(full(torch.ones(3, 2)), torch.full((3, 2), 3.0))  # guarded: traced again
+    torch.testing.assert_close(filtered(torch.ones(3, 2)), torch.full((3, 2), 2.0))  # not guarded: as traced

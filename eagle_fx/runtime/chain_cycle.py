@@ -242,7 +242,7 @@ class ChainCycle:
         weights, GEMMs autotuned unless gemm_autotune=False; tests pass a lighter one)."""
         self.compile = graphs is not None
         self._compiler = compiler or partial(compile_dynamic, fullgraph=True, frozen_on=spec.device, cpp_wrapper=True,
-                                             autotune=gemm_autotune)
+                                             autotune=gemm_autotune, guard_inputs_only=True)
         if self.compile:  # the device-side attention traced into the one compiled graph (not opaque ops)
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec = graphs, signatures, spec
