@@ -50,7 +50,8 @@ def test_input_guards_only_keeps_the_inputs_guards_and_drops_the_closures():
         x = torch.randn(rows, 2)
         torch.testing.assert_close(filtered(x), 2.0 * x)
     assert len(traces) == 1  # (every size, 1 included, in one trace: as without the filter)
-    torch.testing.assert_close(filtered(torch.ones(3, 2, dtype=torch.float64)), torch.full((3, 2), 2.0, dtype=torch.float64))
+    x64 = torch.ones(3, 2, dtype=torch.float64)
+    torch.testing.assert_close(filtered(x64), 2.0 * x64)
     assert len(traces) == 2  # a new dtype: traced again
     torch.testing.assert_close(full(torch.ones(3, 2)), torch.full((3, 2), 2.0))
     filtered_scale[0] = full_scale[0] = 3.0

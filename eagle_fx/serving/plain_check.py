@@ -70,11 +70,13 @@ class Load:
 
     arm: str = ADAPTIVE
     leader: str = ADAPTIVE
-    gaps: dict = field(default_factory=lambda: _fresh(lambda: 1))  # a trailing arm runs after its gap of the leader's epochs
-    since: dict = field(default_factory=lambda: _fresh(lambda: 0))  # the leader's epochs since its last
-    against: dict = field(default_factory=lambda: _fresh(lambda: deque(maxlen=PAIRS)))  # log(its rate / the leader's)
+    # per trailing arm: it runs after `gaps` of the leader's epochs; the leader's epochs `since` its
+    # last; its comparisons `against` the leader, log(its rate / the leader's)
+    gaps: dict = field(default_factory=lambda: _fresh(lambda: 1))
+    since: dict = field(default_factory=lambda: _fresh(lambda: 0))
+    against: dict = field(default_factory=lambda: _fresh(lambda: deque(maxlen=PAIRS)))
     trailing: tuple | None = None  # (arm, rate) of a trailing arm's last epoch, until compared
-    at_k_max: deque = field(default_factory=lambda: deque(maxlen=FULL_WINDOW))  # adaptive's last choices: the largest k?
+    at_k_max: deque = field(default_factory=lambda: deque(maxlen=FULL_WINDOW))  # pick_k's last: the largest k?
 
     @property
     def gap(self) -> int:

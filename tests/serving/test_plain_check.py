@@ -165,19 +165,23 @@ def test_full_takes_the_lead_when_faster_and_each_trailing_arm_keeps_its_own_gap
     assert check.leader == ADAPTIVE
 
 
-def test_the_engines_full_arm_runs_the_largest_k_where_pick_k_picks_another(pair, model):
-    """Prices make k = 1 pick_k's choice; in epochs of the full arm every cycle runs k = 3 (catch-ups
-    as needed), pick_k not asked and its last choice kept; adaptive's cycles count as not the largest
-    k. Outputs == HF greedy across the arms."""
-    tok, base, _, prompts = pair
+def arms_moved_by_hand(model, tok, seconds_per_row: dict) -> Engine:
+    """An adaptive engine on `model` (its cache emptied) over the ks of `seconds_per_row`, each k's
+    cycle priced at that many seconds per row for 1 and 2 rows; its check's epochs never end (the
+    test sets the arms)."""
     model.kv_cache.reset()
-    engine = Engine(model, tok, "adaptive", ks=[0, 1, 3], measure=False, lazy_draft_prefill=True)
-    engine.plain_check.epoch_seconds = float("inf")  # (the test moves the arms)
-    for k, seconds in ((0, 1.0), (1, 0.6), (3, 1.5)):
+    engine = Engine(model, tok, "adaptive", ks=sorted(seconds_per_row), measure=False, lazy_draft_prefill=True)
+    engine.plain_check.epoch_seconds = float("inf")
+    for k, seconds in seconds_per_row.items():
         for size in (1, 2):
             engine.costs.observe(k, size, seconds * size)
-    engine.costs.observe = lambda *args, **kwargs: None
-    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    return engine
+
+
+def two_requests_until(engine: Engine, prompts, max_tokens: int, k: int):
+    """Two of `prompts` (max_tokens each, no eos) added and stepped until a cycle at k ran. Returns
+    their ids, {request id: its tokens} of those finished, and a step that keeps that dict."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts[:2]]
     finished = {}
 
@@ -185,8 +189,19 @@ def test_the_engines_full_arm_runs_the_largest_k_where_pick_k_picks_another(pair
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out.token_ids
-    while not engine.cycles_by_k[1]:
+    while not engine.cycles_by_k[k]:
         step()
+    return ids, finished, step
+
+
+def test_the_engines_full_arm_runs_the_largest_k_where_pick_k_picks_another(pair, model):
+    """Prices make k = 1 pick_k's choice; in epochs of the full arm every cycle runs k = 3 (catch-ups
+    as needed), pick_k not asked and its last choice kept; adaptive's cycles count as not the largest
+    k. Outputs == HF greedy across the arms."""
+    tok, base, _, prompts = pair
+    engine = arms_moved_by_hand(model, tok, {0: 1.0, 1: 0.6, 3: 1.5})
+    engine.costs.observe = lambda *args, **kwargs: None
+    ids, finished, step = two_requests_until(engine, prompts, 48, 1)
     load = engine.plain_check.loads[load_of(2)]
     assert engine.chosen == (1, False) and not any(load.at_k_max)
     load.arm, before = FULL, dict(engine.cycles_by_k)
@@ -247,24 +262,10 @@ def test_adaptive_resumes_its_own_choice_after_a_plain_epoch(pair, model, monkey
     import eagle_fx.serving.engine as engine_module
 
     tok, base, _, prompts = pair
-    model.kv_cache.reset()
-    engine = Engine(model, tok, "adaptive", ks=[0, 3], measure=False, lazy_draft_prefill=True)
-    engine.plain_check.epoch_seconds = float("inf")  # (the test moves the arms)
-    for k, seconds in ((0, 1.0), (3, 1.1)):
-        for size in (1, 2):
-            engine.costs.observe(k, size, seconds * size)
+    engine = arms_moved_by_hand(model, tok, {0: 1.0, 3: 1.1})
     seen, choose = [], engine_module.choose_k
     monkeypatch.setattr(engine_module, "choose_k", lambda *args: seen.append(args[4]) or choose(*args))
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts[:2]]
-    finished = {}
-
-    def step():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out.token_ids
-    while not engine.cycles_by_k[3]:
-        step()
+    ids, finished, step = two_requests_until(engine, prompts, 40, 3)
     load = engine.plain_check.loads[load_of(2)]
     load.arm = PLAIN
     for _ in range(3):
