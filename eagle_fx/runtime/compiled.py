@@ -19,15 +19,15 @@ draft's weights, and a change to the model's weights after compile is not seen (
 The other step graphs (prefill, the graph-by-graph steps) keep the weights as inputs: a prefill's
 many rows are compute-bound, where ATen's GEMMs do well, and they hold no copy.
 
-The chain cycle keeps only the guards on its input tensors (their dtype, device, sizes and strides:
-a batch of one is still a graph of its own), on the global state (grad mode) and on its symbolic
-sizes (`input_guards_only`): dynamo otherwise checked about 330 guards per call of a k = 0 cycle and
-530 of a k = 3 one, most on what the cycle's closure holds (the step GraphModules, their frozen
+The chain cycle keeps only the guards on its input tensors (their dtype, device, sizes and
+strides), on the global state (grad mode) and on its symbolic sizes (the filter
+`input_guards_only`): dynamo otherwise checked about 330 guards per call of a k = 0 cycle and 530
+of a k = 3 one, most on what the cycle's closure holds (the step GraphModules, their frozen
 parameters, the settings), which never change for a compiled cycle: each CycleSettings has a
 function (a code object) of its own, made per ChainCycle (dynamo keeps traces per code object: no
 other model's cycle can hit these unguarded traces), and the weights are constants already (a
-change after compile is not seen, as above). Measured (bundled pair, one process, two compiles alternated): a k = 3
-cycle of one sequence 6-16% faster, a k = 0 one within noise (README, stop 49).
+change after compile is not seen, as above). Measured (bundled pair, one process, two compiles
+alternated): a k = 3 cycle of one sequence 6-16% faster, a k = 0 one within noise (README, stop 49).
 
 Python floats (a sampler's temperature, top_p) are specialised from the start: traced as symbolic
 floats they make inductor restart the whole trace once to specialise them anyway (about 7 s of a
