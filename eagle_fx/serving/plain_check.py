@@ -105,10 +105,11 @@ class Load:
             (other, other_rate), self.trailing = self.trailing, None
             against = self.against[other]
             against.append(math.log(other_rate / rate))
-            if sum(against) > 0 or (sum(against) == 0 and other == ADAPTIVE):
-                fresh = Load(leader=other, at_k_max=self.at_k_max)
-                fresh.against[arm].extend(-x for x in against)  # (the old leader's, against the new one)
-                self.leader, self.gaps, self.since, self.against = other, fresh.gaps, fresh.since, fresh.against
+            total = sum(against)
+            if total > 0 or (total == 0 and other == ADAPTIVE):
+                self.leader, self.gaps, self.since = other, _fresh(lambda: 1), _fresh(lambda: 0)
+                self.against = _fresh(lambda: deque(maxlen=PAIRS))
+                self.against[arm].extend(-x for x in against)  # (the old leader's, against the new one)
             elif other_rate > rate:  # a win of the trailing arm that left the lead where it was
                 self.gaps[other] = max(1, self.gaps[other] // 2)
             else:
