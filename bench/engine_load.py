@@ -25,8 +25,9 @@ compile of its own: inductor chooses each compile's GEMMs anew) and adaptive aga
 adaptive's choices cost or gain on the same kernels); its prefill and cycle seconds against k=0's.
 --eager-draft-prefill adds "adaptive eager": adaptive speculation with every prompt's draft prefill
 at admission (lazy_draft_prefill=False), against adaptive's default (without prefix caching: lazy,
-the draft's prefill deferred to its catch-up). --unchecked adds "adaptive unchecked": adaptive speculation without its check against
-plain decoding (plain_check=False: every step runs pick_k's choice), against adaptive's default.
+the draft's prefill deferred to its catch-up). --unchecked adds "adaptive unchecked": adaptive
+speculation without its check against plain decoding (plain_check=False: every step runs pick_k's
+choice), against adaptive's default.
 
 Reported per point and setting: output tok/s (median over the repeats, every repeat in the JSON),
 the ratios of the medians and the paired ratios (a setting's tok/s over another's in the same round,

@@ -28,11 +28,11 @@ again; past the ring it stays at k = 0. With lazy_draft_prefill (adaptive; by de
 caching is off) a prompt's draft prefill waits for the same catch-up: a request has its base prefill
 only, and the draft computes its prompt when (if ever) a cycle speculates for it, a cost choose_k
 prices as it prices any catch-up. With plain_check (adaptive; on by default) what those choices
-deliver is checked against plain decoding (and, where they mostly speculate at the largest k, against
-that k for every request) in adjacent epochs of the engine's own running, and the faster arm runs
-(eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races
-wrongly, and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts
-get no draft prefill (but with prefix caching or kv_share='layer').
+deliver is checked against plain decoding (and, where they mostly speculate at the largest k,
+against that k for every request) in adjacent epochs of the engine's own running, and the faster
+arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races wrongly,
+and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts get no
+draft prefill (but with prefix caching or kv_share='layer').
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
