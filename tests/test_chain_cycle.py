@@ -294,31 +294,3 @@ def test_every_matmul_of_a_compiled_cycle_has_a_known_width(k):
         assert linears  # the test can fail: it finds the step graphs' linears
         widths = {n.name: n.args[0].meta["example_value"].shape[-1] for n in linears}
         assert not {name: str(w) for name, w in widths.items() if free_symbols(w)}
-
-
-def test_a_compiled_cycle_takes_its_pools_sizes_as_constants():
-    """The pools' sizes never change for a model: the compiled cycle's trace has them as numbers
-    (compiled with every size dynamic they were symbols, and every K/V read and write indexed the
-    pools through symbolic strides). Pools of other sizes (another model sharing the cycle) get a
-    compiled cycle of their own, and both models still decode Hugging Face's greedy tokens.
-    Oracles: the pool placeholders' sizes in each traced graph (counting backend, cheap); HF greedy."""
-    from torch.fx.experimental.symbolic_shapes import free_symbols
-
-    model = eagle_fx.compile(tiny_base("llama"), tiny_draft("llama", "eagle"), num_spec_tokens=2, max_batch_size=2,
-                             max_seq_len=64)
-    other = model.replace(num_blocks=model.kv_cache.num_blocks + 3)
-    torch._dynamo.reset()
-    cycle, traced = traced_chain_cycle(model, 2)
-    model.chain_cycle = other.chain_cycle = cycle
-    prompts = make_prompts(2, lengths=(5, 9))
-    expected = hf_greedy("llama", prompts, 12)
-    assert model.generate(prompts, max_new_tokens=12, eos_token_id=None).sequences == expected
-    assert other.generate(prompts, max_new_tokens=12, eos_token_id=None).sequences == expected
-    pool_sizes = set()
-    for gm in traced:
-        pools = [n.meta["example_value"].shape for n in gm.graph.nodes if n.op == "placeholder" and "pool" in n.name
-                 and isinstance(n.meta.get("example_value"), torch.Tensor)]
-        assert pools  # the test can fail: it finds the pools
-        assert not [shape for shape in pools if any(free_symbols(size) for size in shape)]
-        pool_sizes |= {int(shape[-4]) for shape in pools}  # [..., blocks, block_size, kv_heads, head_dim]
-    assert {model.kv_cache.num_blocks, other.kv_cache.num_blocks} <= pool_sizes  # each model's pools, traced

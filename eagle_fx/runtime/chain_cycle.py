@@ -188,26 +188,10 @@ def call_graphs(graphs: dict, signatures: dict, pools: dict, graph: str, values:
     return graphs[graph](**signature.select({**pools["base" if signature.is_base else "draft"], **values}))
 
 
-def pool_shapes(pools: dict) -> tuple:
-    """((side, name, shape), ...) of the pools' tensors (pools: KVCache.pools_by_side())."""
-    return tuple((side, name, tuple(t.shape)) for side, by_name in pools.items() for name, t in by_name.items()
-                 if isinstance(t, torch.Tensor))
-
-
-def _compiled_cycle(graphs, signatures, spec, settings, shapes: tuple):
-    """The function a compiled cycle traces: the step graphs called directly on the pools, whose
-    shapes it takes as constants: `shapes` (pool_shapes) checked in the trace. The pools' sizes
-    never change for a model, but compiled with every size dynamic the trace took them as symbols,
-    and every attention read and K/V write indexed the pools through symbolic strides. A check of a
-    size against a constant (a Python int, specialised: compiled.compile_dynamic) makes the trace
-    use the constant, with neither a view (a K/V write into a view of an input is copied back into
-    the whole pool after every call) nor a mark on the pool tensors (which other compiled graphs
-    take too: a mark there makes each of them compile again)."""
+def _compiled_cycle(graphs, signatures, spec, settings):
+    """The function a compiled cycle traces: the step graphs called directly on the pools."""
 
     def cycle(pools, pending, committed_len, block_table, spec_rows, draft_logits, draft_hidden, noise):
-        for side, name, shape in shapes:
-            for size, expected in zip(pools[side][name].shape, shape):
-                torch._check(size == expected)
         run = partial(call_graphs, graphs, signatures, pools)
         return chain_cycle(run, spec, settings, pending, committed_len, block_table, spec_rows, draft_logits,
                            draft_hidden, noise)
@@ -263,7 +247,7 @@ class ChainCycle:
             graphs = {name: inline_uniform_attention.run(copy_graph_module(gm)).gm for name, gm in graphs.items()}
         self.graphs, self.signatures, self.spec = graphs, signatures, spec
         self.base_settings = CycleSettings(num_spec_tokens, draft_offset, block_size)
-        self._fns: dict = {}  # compiled cycles by CycleSettings and pool shapes
+        self._fns: dict = {}  # compiled cycles by CycleSettings
         self._coin: torch.Generator | None = None  # set by use_synthetic_acceptance (the bench)
 
     def use_synthetic_acceptance(self, probability: float, seed: int = 0) -> None:
@@ -276,13 +260,12 @@ class ChainCycle:
         self.base_settings = dataclasses.replace(self.base_settings, synthetic_acceptance=float(probability))
         self._coin = torch.Generator(device=self.spec.device).manual_seed(seed)
 
-    def _compiled(self, settings: CycleSettings, shapes: tuple):
-        """The compiled cycle of these settings over pools of these shapes (pool_shapes)."""
-        fn = self._fns.get((settings, shapes))
+    def _compiled(self, settings: CycleSettings):
+        fn = self._fns.get(settings)
         if fn is None:
-            fn = _compiled_cycle(self.graphs, self.signatures, self.spec, settings, shapes)
-            fn = self._compiler(_own_code(fn, _cycle_name(settings)))
-            self._fns[settings, shapes] = fn
+            fn = _own_code(_compiled_cycle(self.graphs, self.signatures, self.spec, settings), _cycle_name(settings))
+            fn = self._compiler(fn)
+            self._fns[settings] = fn
         return fn
 
     def compiled_for(self, executor, tables, graph_by_graph: bool) -> bool:
@@ -323,8 +306,7 @@ class ChainCycle:
                 inputs = [_own_storage(t) for t in (pending, committed_len, block_table, spec_rows, draft_logits,
                                                     draft_hidden)]
                 started = profiler.start() if profiler is not None else 0.0
-                pools = executor.kv_cache.pools_by_side()
-                out = self._compiled(settings, pool_shapes(pools))(pools, *inputs, noise)
+                out = self._compiled(settings)(executor.kv_cache.pools_by_side(), *inputs, noise)
                 if profiler is not None:
                     profiler.stop(CHAIN_CYCLE, started)
                 return out

@@ -32,8 +32,6 @@ alternated): a k = 3 cycle of one sequence 6-16% faster, a k = 0 one within nois
 Python floats (a sampler's temperature, top_p) are specialised from the start: traced as symbolic
 floats they make inductor restart the whole trace once to specialise them anyway (about 7 s of a
 cold compile of the chain cycle on a 2-core CPU).
-Python ints are specialised too: the chain cycle checks its pools' sizes against the ints it was
-made for (chain_cycle._compiled_cycle), which the trace then uses in place of the pools' size symbols.
 """
 from __future__ import annotations
 
@@ -84,7 +82,7 @@ def compile_dynamic(fn, fullgraph: bool = False, frozen_on: torch.device | str |
     settings = frozen_weights_config(frozen_on, cpp_wrapper, autotune) if frozen_on is not None else {}
     # inductor reads these when it compiles, which happens inside a call (the first, or a recompile)
     patches = (fx_config.patch(use_duck_shape=False, backed_size_oblivious=True),
-               dynamo_config.patch(specialize_float=True, specialize_int=True), inductor_config.patch(settings))
+               dynamo_config.patch(specialize_float=True), inductor_config.patch(settings))
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
