@@ -64,6 +64,18 @@ def _fresh(value):
     return {arm: value() for arm in ARMS}
 
 
+def _first_gaps() -> dict:  # what a load, or a new lead, starts with (each arm's)
+    return _fresh(lambda: 1)
+
+
+def _no_epochs() -> dict:
+    return _fresh(lambda: 0)
+
+
+def _no_comparisons() -> dict:
+    return _fresh(lambda: deque(maxlen=PAIRS))
+
+
 @dataclass
 class Load:
     """One load's comparisons: which arm runs next (`arm`) and why."""
@@ -72,9 +84,9 @@ class Load:
     leader: str = ADAPTIVE
     # per trailing arm: it runs after `gaps` of the leader's epochs; the leader's epochs `since` its
     # last; its comparisons `against` the leader, log(its rate / the leader's)
-    gaps: dict = field(default_factory=lambda: _fresh(lambda: 1))
-    since: dict = field(default_factory=lambda: _fresh(lambda: 0))
-    against: dict = field(default_factory=lambda: _fresh(lambda: deque(maxlen=PAIRS)))
+    gaps: dict = field(default_factory=_first_gaps)
+    since: dict = field(default_factory=_no_epochs)
+    against: dict = field(default_factory=_no_comparisons)
     trailing: tuple | None = None  # (arm, rate) of a trailing arm's last epoch, until compared
     at_k_max: deque = field(default_factory=lambda: deque(maxlen=FULL_WINDOW))  # pick_k's last: the largest k?
 
@@ -107,8 +119,7 @@ class Load:
             against.append(math.log(other_rate / rate))
             total = sum(against)
             if total > 0 or (total == 0 and other == ADAPTIVE):
-                self.leader, self.gaps, self.since = other, _fresh(lambda: 1), _fresh(lambda: 0)
-                self.against = _fresh(lambda: deque(maxlen=PAIRS))
+                self.leader, self.gaps, self.since, self.against = other, _first_gaps(), _no_epochs(), _no_comparisons()
                 self.against[arm].extend(-x for x in against)  # (the old leader's, against the new one)
             elif other_rate > rate:  # a win of the trailing arm that left the lead where it was
                 self.gaps[other] = max(1, self.gaps[other] // 2)
