@@ -116,10 +116,12 @@ def _prune_draft_vocab(args) -> None:
     from eagle_fx.draft_vocab import base_output_counts, coverage, most_frequent, prune_draft_vocab
     from eagle_fx.drafts import save_draft
 
-    tok, base, draft = load_pair(*dirs)
-    vocab = base.config.get_text_config().vocab_size
-    if args.size >= vocab:
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(dirs[0]).get_text_config().vocab_size
+    if args.size >= vocab:  # before any slow loading
         raise SystemExit(f"--size {args.size}: the base's vocab has {vocab} tokens; a pruned one must be smaller")
+    tok, base, draft = load_pair(*dirs)
     eos = base.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     pad = base.generation_config.pad_token_id

@@ -37,8 +37,12 @@ from eagle_fx.drafts import Draft, Eagle1Draft, Eagle3Draft
 def base_output_counts(base, prompts: list[list[int]], max_new_tokens: int, eos: Iterable[int] = (),
                        pad_token_id: int = 0, batch_size: int = 16, progress: bool = True) -> Counter:
     """How often each token id appears in the base's greedy continuations of `prompts` (HF
-    `generate`, left-padded batches of similar lengths), each counted up to its first eos."""
+    `generate`, left-padded batches of similar lengths), each counted up to its first eos (`eos`, else
+    the base's generation_config eos: where generate stops)."""
     eos = tuple(eos)
+    if not eos:
+        default = getattr(base.generation_config, "eos_token_id", None)
+        eos = () if default is None else (default,) if isinstance(default, int) else tuple(default)
     device = next(base.parameters()).device
     counts: Counter = Counter()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

@@ -115,3 +115,37 @@ def test_the_bundled_pruned_draft_keeps_greedy_exact_and_its_acceptance(capsys):
     assert small >= 0.95 * full, (small, full)
     report = json.loads((BUNDLED / "eagle-v256" / "draft_vocab.json").read_text())
     assert report["size"] == 256 and report["held_out"]["coverage"] > 0.99
+
+
+def test_the_cli_writes_a_pruned_draft_and_its_figures(tmp_path, capsys):
+    """`eagle-fx prune-draft-vocab` on the bundled pair, a few prompts: the folder loads, keeps eos,
+    keeps the tokens its own calibration counted most, and states their coverage."""
+    from eagle_fx.bench.prompts import sharegpt_prompts
+    from eagle_fx.bundled import load_pair, pair_dirs
+    from eagle_fx.cli import main
+
+    out = tmp_path / "pruned"
+    main(["prune-draft-vocab", "--out", str(out), "--size", "40", "--num-prompts", "6", "--max-new-tokens", "8",
+          "--held-out-prompts", "3", "--batch-size", "4"])
+    printed = capsys.readouterr().out
+    assert "40-token vocabulary (of 2048)" in printed and "held_out: base's greedy outputs on 3 prompts" in printed
+    tok, base, _ = load_pair(*pair_dirs())
+    pruned = load_draft(out, base)
+    kept = pruned.to_target(torch.arange(40))
+    counts = base_output_counts(base, sharegpt_prompts(tok, 6, 512, part="train"), 8, eos=[2], batch_size=4,
+                                progress=False)
+    assert torch.equal(kept, most_frequent(counts, 40, always=[2], vocab_size=2048))
+    report = json.loads((out / "draft_vocab.json").read_text())
+    assert report["calibration"]["output_tokens"] == sum(counts.values())
+    assert report["calibration"]["coverage"] == round(coverage(counts, kept), 4)
+
+
+def test_cli_refuses_bad_sizes(tmp_path, capsys):
+    from eagle_fx.cli import main
+
+    for argv, message in [(["--size", "1"], "--size must be >= 2"), (["--size", "2048"], "a pruned one must be smaller"),
+                          (["--size", "8", "--num-prompts", "0"], "--num-prompts")]:
+        with pytest.raises(SystemExit) as e:
+            main(["prune-draft-vocab", "--out", str(tmp_path / "x")] + argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
