@@ -152,6 +152,13 @@ def _prune_draft_vocab(args) -> None:
                   f"{r['distinct']} distinct; the kept tokens cover {100 * r['coverage']:.2f}%")
 
 
+def _add_pair_args(parser) -> None:
+    """--model-dir, --eagle-dir, --method: the pair a command loads (the bundled one by default)."""
+    parser.add_argument("--model-dir", help="HF base model folder with its tokenizer (default: the bundled base)")
+    parser.add_argument("--eagle-dir", help="EAGLE draft folder (default: the bundled draft for --method)")
+    parser.add_argument("--method", choices=["eagle", "eagle3"], default="eagle", help="the draft's kind")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="eagle-fx", description="EAGLE speculative decoding for Hugging Face models.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -164,9 +171,7 @@ def main(argv=None) -> None:
                                    "(default: the bundled tiny pair, whose text is ShareGPT-like babble: it is a 4M-"
                                    "parameter model); prints the text, then tokens/s and the acceptance length.")
     g.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts")
-    g.add_argument("--model-dir", help="HF base model folder with its tokenizer (default: the bundled base)")
-    g.add_argument("--eagle-dir", help="EAGLE draft folder (default: the bundled draft for --method)")
-    g.add_argument("--method", choices=["eagle", "eagle3"], default="eagle", help="the draft's kind")
+    _add_pair_args(g)
     g.add_argument("--num-spec-tokens", type=int, default=3, help="k, draft tokens per step (0: no speculation)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt at most")
     g.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples (rejection sampling)")
@@ -211,9 +216,7 @@ def main(argv=None) -> None:
                        formatter_class=HelpFormatter, description=PRUNE_DESCRIPTION)
     v.add_argument("--out", required=True, help="output folder for the pruned draft (load it as any draft folder)")
     v.add_argument("--size", type=int, required=True, help="tokens the draft's vocabulary keeps (eos always among them)")
-    v.add_argument("--model-dir", help="HF base model folder with its tokenizer (default: the bundled base)")
-    v.add_argument("--eagle-dir", help="EAGLE draft folder (default: the bundled draft for --method)")
-    v.add_argument("--method", choices=["eagle", "eagle3"], default="eagle", help="the draft's kind")
+    _add_pair_args(v)
     v.add_argument("--num-prompts", type=int, default=1000, help="training prompts the base continues to rank tokens")
     v.add_argument("--max-new-tokens", type=int, default=96, help="tokens the base generates per prompt")
     v.add_argument("--max-prompt-len", type=int, default=512, help="longest prompt used, in tokens")
