@@ -6,7 +6,7 @@ share of the bytes a speculation cycle streams (the bundled pair: 2 MB of the dr
 step). FR-Spec (Zhao et al., 2025) keeps the rows of the most frequent tokens only; here they are
 ranked by what the base itself emits, its greedy continuations of training prompts, not by corpus
 frequency (on the bundled pair the 256 most frequent corpus tokens cover 83% of the base's greedy
-output tokens on held-out prompts; its own outputs' 256 most frequent, 100%).
+output tokens on held-out prompts; its own outputs' 256 most frequent, 99.6-100%).
 
 Exactness: a token outside the set is never drafted, so the draft proposes the best token it
 may, and the base verifies every draft as before: outputs are unchanged (greedy is still the

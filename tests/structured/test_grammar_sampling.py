@@ -55,11 +55,21 @@ def exact_masked_joint(base, temperature: float, top_p: float) -> torch.Tensor:
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
+# a pruned draft vocabulary (eagle_fx.draft_vocab) without the first token's allowed digits "1".."3" (ids 3-5)
+# and with only two of the second's: its draft rows there are masked whole, or nearly
+PRUNED = [0, 1, 2, 6, 8, 9, 10, 11]
+
+
 @pytest.mark.heavy
-def test_first_three_tokens_under_a_grammar_follow_the_masked_base(base, temperature=0.7, top_p=0.9):
+@pytest.mark.parametrize("keep", [None, PRUNED], ids=["full_vocab", "pruned_vocab"])
+def test_first_three_tokens_under_a_grammar_follow_the_masked_base(base, keep, temperature=0.7, top_p=0.9):
     from test_sampling_distribution import chi_square_p  # (tests/ is on the path: no __init__.py there)
 
     draft = new_draft(base, "eagle", seed=11)
+    if keep is not None:
+        from eagle_fx.draft_vocab import prune_draft_vocab
+
+        draft = prune_draft_vocab(draft, base, torch.tensor(keep))
     model = eagle_fx.compile(base, draft, num_spec_tokens=3, backend="eager", max_batch_size=1000, max_seq_len=8)
     out = model.generate([PROMPT] * N, max_new_tokens=3, eos_token_id=1, temperature=temperature, top_p=top_p,
                          seed=4321, response_format=GRAMMAR, tokenizer=digits_tokenizer())
