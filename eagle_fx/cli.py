@@ -115,6 +115,7 @@ def _prune_draft_vocab(args) -> None:
     from eagle_fx.bench.prompts import sharegpt_prompts
     from eagle_fx.draft_vocab import base_output_counts, coverage, most_frequent, prune_draft_vocab
     from eagle_fx.drafts import save_draft
+    from eagle_fx.runtime.pair import eos_ids
 
     from transformers import AutoConfig
 
@@ -122,8 +123,7 @@ def _prune_draft_vocab(args) -> None:
     if args.size >= vocab:  # before any slow loading
         raise SystemExit(f"--size {args.size}: the base's vocab has {vocab} tokens; a pruned one must be smaller")
     tok, base, draft = load_pair(*dirs)
-    eos = base.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    eos = eos_ids(base)
     pad = base.generation_config.pad_token_id
     pad = tok.pad_token_id if pad is None else pad
     pad = (eos or [0])[0] if pad is None else pad
@@ -140,10 +140,8 @@ def _prune_draft_vocab(args) -> None:
         n_held, held = counts_on("held_out", args.held_out_prompts)
         report["held_out"] = {"prompts": n_held, "output_tokens": sum(held.values()), "distinct": len(held),
                               "coverage": round(coverage(held, keep), 4)}
-    save_draft(prune_draft_vocab(draft, base, keep), args.out)
-    from pathlib import Path
-
-    (Path(args.out) / "draft_vocab.json").write_text(json.dumps(report, indent=2))
+    folder = save_draft(prune_draft_vocab(draft, base, keep), args.out)
+    (folder / "draft_vocab.json").write_text(json.dumps(report, indent=2))
     print(f"draft with a {args.size}-token vocabulary (of {vocab}) written to {args.out}")
     for part in ("calibration", "held_out"):
         if part in report:

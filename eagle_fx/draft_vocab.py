@@ -24,6 +24,7 @@ convention, so the runtime treats both alike (`eagle-fx prune-draft-vocab` write
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 
@@ -31,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eagle_fx.drafts import Draft, Eagle1Draft, Eagle3Draft
+from eagle_fx.runtime.pair import eos_ids
 
 
 @torch.no_grad()
@@ -39,10 +41,7 @@ def base_output_counts(base, prompts: list[list[int]], max_new_tokens: int, eos:
     """How often each token id appears in the base's greedy continuations of `prompts` (HF
     `generate`, left-padded batches of similar lengths), each counted up to its first eos (`eos`, else
     the base's generation_config eos: where generate stops)."""
-    eos = tuple(eos)
-    if not eos:
-        default = getattr(base.generation_config, "eos_token_id", None)
-        eos = () if default is None else (default,) if isinstance(default, int) else tuple(default)
+    eos = tuple(eos) or eos_ids(base)
     device = next(base.parameters()).device
     counts: Counter = Counter()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -76,7 +75,7 @@ def most_frequent(counts: Counter, size: int, always: Iterable[int] = (), vocab_
         if len(keep) == size:
             break
         keep.setdefault(token)
-    filler = iter(range(vocab_size if vocab_size is not None else size + max(keep, default=0) + 1))
+    filler = iter(range(vocab_size)) if vocab_size is not None else itertools.count()
     while len(keep) < size:
         keep.setdefault(next(filler))
     return torch.tensor(sorted(keep), dtype=torch.long)
@@ -124,8 +123,6 @@ def prune_draft_vocab(draft: Draft, base, keep: torch.Tensor) -> Draft:
     state = {k: v for k, v in draft.state_dict().items() if k not in ("lm_head.weight", "d2t")}
     state["lm_head.weight"] = weight.detach()[rows.to(weight.device)]
     state["d2t"] = keep - torch.arange(len(keep))
-    pruned.load_state_dict(state, strict=False)
-    missing = set(pruned.state_dict()) - set(state) - {k for k in pruned.state_dict() if "rotary_emb" in k}
-    assert not missing, f"pruned draft left uninitialised: {sorted(missing)}"
+    pruned.load_state_dict(state)  # strict: every key of the pruned draft, no other
     p = draft.fc.weight
     return pruned.to(device=p.device, dtype=p.dtype).eval()

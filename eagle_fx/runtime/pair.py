@@ -12,6 +12,12 @@ from eagle_fx.kv_share import base_kv_shape
 from eagle_fx.multimodal import image_token_id, is_vision_language
 
 
+def eos_ids(model) -> tuple[int, ...]:
+    """The eos ids of `model`'s generation_config (none, one or several), as a tuple."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+
+
 @dataclass(frozen=True)
 class PairSpec:
     vocab_size: int
@@ -55,8 +61,7 @@ class PairSpec:
                   rope_limit: int | None = None, tensor_parallel: int = 1) -> "PairSpec":
         text_config, draft_config = base.config.get_text_config(), draft.config
         param = next(base.parameters())
-        eos = base.generation_config.eos_token_id if getattr(base, "generation_config", None) is not None else None
-        eos = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        eos = eos_ids(base)
         pads = (getattr(getattr(base, "generation_config", None), "pad_token_id", None),
                 getattr(text_config, "pad_token_id", None))
         pad = next((p for p in pads if isinstance(p, int)), None)
