@@ -75,6 +75,9 @@ def parse_args(argv=None):
     ap.add_argument("--num-prompts", type=int, default=128, help="distinct held-out prompts (requests cycle over them)")
     ap.add_argument("--max-prompt-len", type=int, default=512, help="skip longer held-out prompts (tokens)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the prompt order")
+    ap.add_argument("--num-spec-tokens", type=int, default=3, help="the pair's k (adaptive's largest; default 3): "
+                    'another value than 3 adds "k=K", the fixed largest k, beside the fixed "k=3" (the targets\' '
+                    "baseline)")
     ap.add_argument("--pair-k0", action="store_true", help='also run "k=0 pair": k=0 on the k=3 pair (adaptive\'s '
                     "compile; no draft prefill), against the draft-less k=0, and adaptive against it")
     ap.add_argument("--held-at-k0", action="store_true", help='also run "adaptive at k=0": adaptive whose every '
@@ -99,6 +102,8 @@ def parse_args(argv=None):
         ap.error("--min-tokens must be >= 1 and <= --max-tokens")
     if min(args.concurrency) < 1 or args.repeats < 1:
         ap.error("--concurrency and --repeats must be >= 1")
+    if args.num_spec_tokens < 3:
+        ap.error("--num-spec-tokens must be >= 3 (the fixed k=3 setting runs on the pair)")
     return args
 
 
@@ -131,6 +136,13 @@ RATIOS = (("adaptive", "k=0"), ("adaptive", "k=3"), ("k=3", "k=0"))
 EXTRA_RATIOS = (("adaptive", "k=0 pair"), ("k=0 pair", "k=0"), ("adaptive at k=0", "k=0"), ("adaptive eager", "k=0"),
                 ("adaptive", "adaptive eager"), ("adaptive", "adaptive unchecked"), ("adaptive unchecked", "k=0"))
 CONFIDENCE = 0.9
+
+
+def ratio_pairs(k_max: int) -> tuple:
+    """The paired ratios reported: RATIOS, adaptive and k=0 against the fixed largest k when it is not
+    3, then EXTRA_RATIOS."""
+    largest = (("adaptive", f"k={k_max}"), (f"k={k_max}", "k=0")) if k_max != 3 else ()
+    return RATIOS + largest + EXTRA_RATIOS
 
 
 def paired(runs: dict, a: str, b: str) -> dict:
@@ -260,16 +272,19 @@ def main(argv=None) -> int:
     refs = hf_greedy(base, prompts, args.max_tokens)
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
-    speculating = 2 + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
+    k_max = args.num_spec_tokens
+    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
     # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
-    model = eagle_fx.compile(base, draft, num_spec_tokens=3, **common)
+    model = eagle_fx.compile(base, draft, num_spec_tokens=k_max, **common)
     if args.interleave == "steps" and speculating > 1:
         model = model.replace(num_blocks=speculating * model.kv_cache.num_blocks)
     plain = eagle_fx.compile(base, draft, num_spec_tokens=0, **common)
     split = dict(split_by_length=args.split_by_length)
     engines = {"adaptive": Engine(model, tok, "adaptive", **split), "k=3": Engine(model, tok, 3, **split),
                "k=0": Engine(plain, tok, 0, **split)}
+    if k_max != 3:
+        engines[f"k={k_max}"] = Engine(model, tok, k_max, **split)
     if args.pair_k0:
         engines["k=0 pair"] = Engine(model, tok, 0, **split)
     if args.held_at_k0:
@@ -307,7 +322,7 @@ def main(argv=None) -> int:
                     f"speculation-off events {r['off_events']}, plain-check epochs {r['plain_check_epochs']}), "
                     f"greedy-exact {r['exact']}/{n}")
         med = {name: statistics.median(r["tok_s"] for r in runs[name]) for name in settings}
-        ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in RATIOS + EXTRA_RATIOS if a in runs and b in runs}
+        ratios = {f"{a}/{b}": paired(runs, a, b) for a, b in ratio_pairs(k_max) if a in runs and b in runs}
         points.append({"concurrency": c, "requests": n, "median_tok_s": med, "paired_ratios": ratios, "runs": runs})
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "points": points}, f, indent=2)
@@ -335,7 +350,7 @@ def main(argv=None) -> int:
     how = "stepped in turn" if args.interleave == "steps" else "back to back"
     print(f"\npaired ratios: per round (the settings' loops {how}, each first in turn), their median "
           f"[{CONFIDENCE:.0%} interval of the median]")
-    shown = [pair for pair in RATIOS + EXTRA_RATIOS if f"{pair[0]}/{pair[1]}" in points[0]["paired_ratios"]]
+    shown = [pair for pair in ratio_pairs(k_max) if f"{pair[0]}/{pair[1]}" in points[0]["paired_ratios"]]
     print(f"{'conc':>4} " + " ".join(f"{a + ' / ' + b:>26}" for a, b in shown))
     for p in points:
         ratios = [p["paired_ratios"][f"{a}/{b}"]["per_round"] for a, b in shown]
