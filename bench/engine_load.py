@@ -19,6 +19,8 @@ setting alike (the k=3 pair's KV pool then holds every speculating setting's seq
 --held-at-k0 adds "adaptive at k=0": adaptive speculation whose every cycle is held at k = 0 (it
 still decides each step and defers its prompts' draft prefill), against the draft-less k=0: what
 adaptive costs beside its choices of k (its choices' share is the rest of adaptive / k=0).
+--num-spec-tokens K (default 3) compiles the pair at k = K: adaptive then chooses among 0, 1 and K,
+and "k=K" (the fixed largest k) runs beside "k=3" (the targets' baseline, on the same pair).
 --pair-k0 adds a fourth setting, "k=0 pair": `Engine(model, 0)` on the k=3 pair, plain decoding on
 adaptive's own compile (a fixed k = 0 never drafts: no draft prefill), against the draft-less k=0 (a
 compile of its own: inductor chooses each compile's GEMMs anew) and adaptive against it (what
