@@ -11,8 +11,8 @@ same prompts (CTranslate2 in a child process of its own, as the bench runs it). 
 - per new token, k=0 and k: wall time, time inside the one-function cycle (graph time), prefill,
   and the rest (host: the generate loop's Python and tensor bookkeeping between cycles);
 - the parts of a k-cycle, each step graph timed on its own (the graph-by-graph runtime over the
-  same backend's graphs, frozen with inductor but not autotuned nor compiled together: they cost
-  more than inside the cycle): a draft step, the (k+1)-row verify, the draft extend, and the 1-row
+  same backend's graphs, which keep their weights as inputs: with inductor they cost more than
+  inside the frozen cycle): a draft step, the (k+1)-row verify, the draft extend, and the 1-row
   decode of the k=0 cycle;
 - the top ops by self time (torch.profiler) of k=0 and of k, per cycle;
 - the ceiling of a chain over an equally efficient plain decoder, tau / (1 + (k-1) r + e) with r the
@@ -149,8 +149,8 @@ def report(result: dict, k: int) -> None:
         ct2 = result["ctranslate2_fp32_ms_per_token"]
         print(f"{'CTranslate2 fp32':<22}{ct2:>8.3f}   (eagle_fx k=0 / CTranslate2: "
               f"{result['k0']['wall_ms'] / ct2:.2f}x the time per token; k={k}: {result[f'k{k}']['wall_ms'] / ct2:.2f}x)")
-    print("parts of a cycle, each graph timed alone (the graph-by-graph runtime: not autotuned nor compiled "
-          "together as in the cycle, so they cost more): " + ", ".join(f"{n} {v:.3f} ms" for n, v in result["parts_ms"].items()))
+    print("parts of a cycle, each graph timed alone (the graph-by-graph runtime: weights as inputs, not frozen as in "
+          "the cycle, so they cost more): " + ", ".join(f"{n} {v:.3f} ms" for n, v in result["parts_ms"].items()))
     print(f"that {k + 1}-row verify costs {result['verify_over_decode']:.2f}x the 1-row decode of the cycle; mean acceptance length "
           f"{result[f'k{k}']['mean_acceptance_length']:.2f}; ceiling over an equally efficient plain decoder "
           f"{result['ceiling_vs_plain_decoder']:.2f}x; decode / cycle in graph time (what speedup / tau approaches "

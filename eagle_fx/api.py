@@ -108,14 +108,10 @@ def _tensor_parallel_rank(base, world: int) -> tuple[int, str]:
     return dist.get_rank(), dist.group.WORLD.group_name
 
 
-def _backend(gm, backend: str, device: torch.device):
+def _backend(gm, backend: str):
     """The step graph as a callable for `backend`; always run without autograd (inference only).
-    "inductor": its weights frozen (oneDNN's packed GEMMs, no autotune: they serve every row count)
-    and guarded on its inputs only (eagle_fx.runtime.compiled). "triton": the lowered graph runs as
-    is (its kernels are the Triton ops)."""
-    if backend == "inductor":
-        return compile_dynamic(gm, frozen_on=device, autotune=False, guard_inputs_only=True)
-    return torch.no_grad()(gm)
+    "triton": the lowered graph runs as is (its kernels are the Triton ops)."""
+    return compile_dynamic(gm) if backend == "inductor" else torch.no_grad()(gm)
 
 
 def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, backend: str = "eager",  # noqa: A001
@@ -203,7 +199,7 @@ def compile(base, draft, num_spec_tokens: int = 3, prefill_shift: bool = False, 
                        mrope=images is not None and images.mrope,
                        tensor_parallel=(tp_rank, options.tensor_parallel), tensor_parallel_group=tp_group)
     graphs = capture(base, draft, plan)
-    callables = {name: _backend(getattr(graphs, name), options.backend, device) for name in graphs.names()}
+    callables = {name: _backend(getattr(graphs, name), options.backend) for name in graphs.names()}
     spec = PairSpec.from_pair(base, draft, draft_kv=draft_kv, kv_share_layer=layer, mrope=plan.mrope,
                               rope_limit=rope_limit, tensor_parallel=options.tensor_parallel)
     model = SpeculativeModel(graphs, callables, options, spec, image_encoder=images)

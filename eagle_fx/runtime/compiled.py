@@ -16,12 +16,8 @@ makes a step cost what reading its weights costs: one-row linears through MKL's 
 more on this project's CPU (bench/step_costs.py prints the breakdown). The price: each compiled
 cycle (one per k, and per one / several sequences) holds its own packed copy of the base's and the
 draft's weights, and a change to the model's weights after compile is not seen (compile again).
-The other step graphs (prefill, the graph-by-graph steps: eagle_fx.api) are frozen too, without
-autotune: a prefill's row count varies from a few tokens to a chunk, and autotune's C++ templates,
-chosen for one count, do not scale to the others (a frozen, autotuned base prefill measured 0.83x
-the time at 8 prompt tokens and 1.48x at 464), while oneDNN's packed GEMMs, which freezing
-chooses without autotune, serve every count; with their guards kept to the inputs, a one-request
-prefill of the bundled base took 0.76-0.83x the time at 8 to 464 prompt tokens (README, stop 52).
+The other step graphs (prefill, the graph-by-graph steps) keep the weights as inputs: a prefill's
+many rows are compute-bound, where ATen's GEMMs do well, and they hold no copy.
 
 The chain cycle keeps only the guards on its input tensors (their dtype, device, sizes and
 strides), on the global state (grad mode) and on its symbolic sizes (the filter
