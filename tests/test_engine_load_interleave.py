@@ -87,3 +87,15 @@ def test_each_setting_is_timed_by_its_own_steps(engine_load, slice_seconds):
     assert clock[0] == pytest.approx(6 * (0.030 + 0.010 + 0.020))
     names = {id(engine): name for name, engine in engines.items()}
     assert [names[id(engine)] for engine in log] == TURNS[slice_seconds]
+
+
+def test_num_spec_tokens_adds_the_largest_k_and_its_ratios(engine_load):
+    module, _ = engine_load
+    assert module.parse_args([]).num_spec_tokens == 3
+    assert module.ratio_pairs(3) == module.RATIOS + module.EXTRA_RATIOS
+    pairs = module.ratio_pairs(4)
+    assert pairs[:len(module.RATIOS)] == module.RATIOS and pairs[-len(module.EXTRA_RATIOS):] == module.EXTRA_RATIOS
+    assert set(pairs) - set(module.RATIOS + module.EXTRA_RATIOS) == {("adaptive", "k=4"), ("k=4", "k=0")}
+    assert module.parse_args(["--num-spec-tokens", "5"]).num_spec_tokens == 5
+    with pytest.raises(SystemExit):
+        module.parse_args(["--num-spec-tokens", "2"])
