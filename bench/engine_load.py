@@ -14,14 +14,14 @@ interleaved, --repeats rounds of (adaptive, k=3, k=0) per point, after an untime
 In a round (--interleave steps, the default) every setting's closed loop runs at once, in turns of
 --slice-seconds of one engine's steps, a different one first each round, and each is timed by its
 own steps only: the machine's drift (seconds, against turns of a quarter second) falls on every
-setting alike (the k=3 pair's KV pool then holds every speculating setting's sequences).
+setting alike (the speculating pair's KV pool then holds every speculating setting's sequences).
 --interleave runs: the settings' loops back to back, each timed by its wall clock.
 --held-at-k0 adds "adaptive at k=0": adaptive speculation whose every cycle is held at k = 0 (it
 still decides each step and defers its prompts' draft prefill), against the draft-less k=0: what
 adaptive costs beside its choices of k (its choices' share is the rest of adaptive / k=0).
 --num-spec-tokens K (default 3) compiles the pair at k = K: adaptive then chooses among 0, 1 and K,
 and "k=K" (the fixed largest k) runs beside "k=3" (the targets' baseline, on the same pair).
---pair-k0 adds a fourth setting, "k=0 pair": `Engine(model, 0)` on the k=3 pair, plain decoding on
+--pair-k0 adds a fourth setting, "k=0 pair": `Engine(model, 0)` on the speculating pair, plain decoding on
 adaptive's own compile (a fixed k = 0 never drafts: no draft prefill), against the draft-less k=0 (a
 compile of its own: inductor chooses each compile's GEMMs anew) and adaptive against it (what
 adaptive's choices cost or gain on the same kernels); its prefill and cycle seconds against k=0's.
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     ap.add_argument("--num-spec-tokens", type=int, default=3, help="the pair's k (adaptive's largest; default 3): "
                     'another value than 3 adds "k=K", the fixed largest k, beside the fixed "k=3" (the targets\' '
                     "baseline)")
-    ap.add_argument("--pair-k0", action="store_true", help='also run "k=0 pair": k=0 on the k=3 pair (adaptive\'s '
+    ap.add_argument("--pair-k0", action="store_true", help='also run "k=0 pair": k=0 on the speculating pair (adaptive\'s '
                     "compile; no draft prefill), against the draft-less k=0, and adaptive against it")
     ap.add_argument("--held-at-k0", action="store_true", help='also run "adaptive at k=0": adaptive whose every '
                     "cycle is held at k = 0, against the draft-less k=0 (adaptive's costs beside its choices)")
@@ -275,8 +275,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     k_max = args.num_spec_tokens
-    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the k=3 pair
-    # interleaved steps: they run at once on the one k=3 pair (the same kernels: each compile autotunes
+    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the pair
+    # interleaved steps: they run at once on the one pair at k = K (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
     model = eagle_fx.compile(base, draft, num_spec_tokens=k_max, **common)
     if args.interleave == "steps" and speculating > 1:
