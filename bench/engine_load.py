@@ -19,6 +19,11 @@ setting alike (the speculating pair's KV pool then holds every speculating setti
 --held-at-k0 adds "adaptive at k=0": adaptive speculation whose every cycle is held at k = 0 (it
 still decides each step and defers its prompts' draft prefill), against the draft-less k=0: what
 adaptive costs beside its choices of k (its choices' share is the rest of adaptive / k=0).
+--held-at-full adds "adaptive full arm": adaptive speculation whose check runs every epoch in its full
+arm (every speculating request at the largest k, no pick_k, no plain epochs; lazy draft prefill,
+catch-ups and collapse detection as adaptive's), against the fixed largest k: what adaptive's
+bookkeeping and deferred draft prefill cost (the rest of adaptive / k=K is its choices and its
+check's epochs of the other arms).
 --num-spec-tokens K (default 3) compiles the pair at k = K: adaptive then chooses among 0, 1 and K,
 and "k=K" (the fixed largest k) runs beside "k=3" (the targets' baseline, on the same pair).
 --pair-k0 adds a fourth setting, "k=0 pair": `Engine(model, 0)` on the speculating pair, plain decoding on
@@ -45,6 +50,7 @@ caching is off (a repeat would otherwise reuse the blocks of the one before).
     python bench/engine_load.py --concurrency 4,16 --repeats 3 --pair-k0
     python bench/engine_load.py --concurrency 4,16,64 --eager-draft-prefill
     python bench/engine_load.py --concurrency 4 --held-at-k0
+    python bench/engine_load.py --concurrency 1,16 --held-at-full
     python bench/engine_load.py --concurrency 4,64 --unchecked
 """
 from __future__ import annotations
@@ -84,6 +90,9 @@ def parse_args(argv=None):
                     "compile; no draft prefill), against the draft-less k=0, and adaptive against it")
     ap.add_argument("--held-at-k0", action="store_true", help='also run "adaptive at k=0": adaptive whose every '
                     "cycle is held at k = 0, against the draft-less k=0 (adaptive's costs beside its choices)")
+    ap.add_argument("--held-at-full", action="store_true", help='also run "adaptive full arm": adaptive whose '
+                    "check runs its full arm in every epoch (the largest k, no pick_k, no plain epochs), against the "
+                    "fixed largest k (what adaptive costs beside its choices and its check)")
     ap.add_argument("--eager-draft-prefill", action="store_true", help='also run "adaptive eager": adaptive '
                     "with lazy_draft_prefill=False (every prompt's draft prefill at admission), against adaptive")
     ap.add_argument("--unchecked", action="store_true", help='also run "adaptive unchecked": adaptive without '
@@ -142,9 +151,10 @@ CONFIDENCE = 0.9
 
 def ratio_pairs(k_max: int) -> tuple:
     """The paired ratios reported: RATIOS, adaptive and k=0 against the fixed largest k when it is not
-    3, then EXTRA_RATIOS."""
+    3, EXTRA_RATIOS, then the full arm against the fixed largest k and adaptive against the full arm."""
     largest = (("adaptive", f"k={k_max}"), (f"k={k_max}", "k=0")) if k_max != 3 else ()
-    return RATIOS + largest + EXTRA_RATIOS
+    full_arm = (("adaptive full arm", f"k={k_max}"), ("adaptive", "adaptive full arm"))
+    return RATIOS + largest + EXTRA_RATIOS + full_arm
 
 
 def paired(runs: dict, a: str, b: str) -> dict:
@@ -169,6 +179,29 @@ def adaptive_held_at_zero(model, tokenizer, **kwargs):
             return 0, False
 
     return AdaptiveHeldAtZero(model, tokenizer, "adaptive", plain_check=False, **kwargs)
+
+
+def adaptive_full_arm(model, tokenizer, **kwargs):
+    """An adaptive engine whose check against plain decoding runs its full arm in every epoch: every
+    speculating request at the largest k, pick_k never asked, no plain or adaptive epochs; its prompts'
+    draft prefill deferred to catch-ups and its requests' acceptance watched as adaptive's. Against the
+    fixed largest k it shows what adaptive speculation costs beside its choices and its check."""
+    from eagle_fx.serving.engine import Engine
+    from eagle_fx.serving.plain_check import FULL, PlainCheck
+
+    class FullArm(PlainCheck):
+        def arm_for(self, in_flight: int) -> str:
+            return FULL
+
+        def record(self, tokens: int, seconds: float, running: int, in_flight: int | None = None) -> None:
+            self._seconds += seconds  # (epochs counted for the report; nothing is compared)
+            if self._seconds >= self.epoch_seconds:
+                self.epochs[FULL] += 1
+                self._seconds = 0.0
+
+    engine = Engine(model, tokenizer, "adaptive", **kwargs)
+    engine.plain_check = FullArm(engine.plain_check.epoch_seconds)
+    return engine
 
 
 def requests_for(prompts, n: int, args, seed: int) -> list[tuple[list[int], int]]:
@@ -275,7 +308,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     k_max = args.num_spec_tokens
-    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked  # on the pair
+    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked
+    speculating += args.held_at_full  # (the settings on the pair)
     # interleaved steps: they run at once on the one pair at k = K (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
     model = eagle_fx.compile(base, draft, num_spec_tokens=k_max, **common)
@@ -291,6 +325,8 @@ def main(argv=None) -> int:
         engines["k=0 pair"] = Engine(model, tok, 0, **split)
     if args.held_at_k0:
         engines["adaptive at k=0"] = adaptive_held_at_zero(model, tok, **split)
+    if args.held_at_full:
+        engines["adaptive full arm"] = adaptive_full_arm(model, tok, **split)
     if args.eager_draft_prefill:
         engines["adaptive eager"] = Engine(model, tok, "adaptive", lazy_draft_prefill=False, **split)
     if args.unchecked:

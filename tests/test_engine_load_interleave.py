@@ -92,10 +92,14 @@ def test_each_setting_is_timed_by_its_own_steps(engine_load, slice_seconds):
 def test_num_spec_tokens_adds_the_largest_k_and_its_ratios(engine_load):
     module, _ = engine_load
     assert module.parse_args([]).num_spec_tokens == 3
-    assert module.ratio_pairs(3) == module.RATIOS + module.EXTRA_RATIOS
+    full_arm = {3: (("adaptive full arm", "k=3"), ("adaptive", "adaptive full arm")),
+                4: (("adaptive full arm", "k=4"), ("adaptive", "adaptive full arm"))}
+    assert module.ratio_pairs(3) == module.RATIOS + module.EXTRA_RATIOS + full_arm[3]
     pairs = module.ratio_pairs(4)
-    assert pairs[:len(module.RATIOS)] == module.RATIOS and pairs[-len(module.EXTRA_RATIOS):] == module.EXTRA_RATIOS
-    assert set(pairs) - set(module.RATIOS + module.EXTRA_RATIOS) == {("adaptive", "k=4"), ("k=4", "k=0")}
+    assert pairs[:len(module.RATIOS)] == module.RATIOS and pairs[-2:] == full_arm[4]
+    assert pairs[-2 - len(module.EXTRA_RATIOS):-2] == module.EXTRA_RATIOS
+    assert set(pairs) - set(module.RATIOS + module.EXTRA_RATIOS + full_arm[4]) == {("adaptive", "k=4"), ("k=4", "k=0")}
     assert module.parse_args(["--num-spec-tokens", "5"]).num_spec_tokens == 5
     with pytest.raises(SystemExit):
         module.parse_args(["--num-spec-tokens", "2"])
+    assert module.parse_args(["--held-at-full"]).held_at_full and not module.parse_args([]).held_at_full
