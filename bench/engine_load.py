@@ -308,8 +308,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     common = dict(backend=args.backend, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
     k_max = args.num_spec_tokens
-    speculating = 2 + (k_max != 3) + args.pair_k0 + args.eager_draft_prefill + args.held_at_k0 + args.unchecked
-    speculating += args.held_at_full  # (the settings on the pair)
+    extra = (args.pair_k0, args.eager_draft_prefill, args.held_at_k0, args.unchecked, args.held_at_full)
+    speculating = 2 + (k_max != 3) + sum(extra)  # the settings on the pair
     # interleaved steps: they run at once on the one pair at k = K (the same kernels: each compile autotunes
     # its GEMMs anew), so its KV pool holds every one's sequences (a pool of one setting's, times theirs)
     model = eagle_fx.compile(base, draft, num_spec_tokens=k_max, **common)
