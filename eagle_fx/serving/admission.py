@@ -66,7 +66,9 @@ def admit(engine) -> None:
     call = engine.call or GenerateCall(engine._sampler(group), engine.stats,
                                        Profiler(engine.stats, False, engine.device), set(), 1)
     carry = engine.kv.carry_features(blocks, engine.model.bootstrap)
-    lazy = engine.lazy_draft_prefill and all(engine.can_catch_up(len(r.prompt) - r.cached + 1) for r in group)
+    # deferred only while the engine is not speculating: then the draft may never be needed for it
+    lazy = (engine.lazy_draft_prefill and not engine.speculating
+            and all(engine.can_catch_up(len(r.prompt) - r.cached + 1) for r in group))
     keep = None
     if lazy:  # the base's prefill only; its features kept for the draft's catch-up, with f_{cached-1} (the carry)
         window, slots = engine.resume_window, wave.spec_rows

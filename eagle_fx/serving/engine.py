@@ -25,9 +25,11 @@ its own) and is probed again `probe_after` tokens later. A request decoded at k 
 behind: the base features of the tokens it commits are kept (a ring of `resume_window` positions per
 slot, by default a whole sequence) and the draft catches up in one prefill-like call before it drafts
 again; past the ring it stays at k = 0. With lazy_draft_prefill (adaptive; by default when prefix
-caching is off) a prompt's draft prefill waits for the same catch-up: a request has its base prefill
-only, and the draft computes its prompt when (if ever) a cycle speculates for it, a cost choose_k
-prices as it prices any catch-up. With plain_check (adaptive; on by default) what those choices
+caching is off) a prompt admitted while the engine is not speculating (its last decode ran its
+speculating requests at k = 0, or none has run) has its base prefill only: the draft computes its
+prompt in the same catch-up, when (if ever) a cycle speculates for it, a cost choose_k prices as it
+prices any catch-up. A prompt admitted while the engine speculates gets the draft's prefill with the
+base's at admission, as at a fixed k: a catch-up call per request later cost more than that (stop 54). With plain_check (adaptive; on by default) what those choices
 deliver is checked against plain decoding (and, where they mostly speculate at the largest k,
 against that k for every request) in adjacent epochs of the engine's own running, and the faster
 arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races wrongly,
@@ -78,9 +80,10 @@ class Engine:
         runs as cycles of like context lengths where the measured prices say that is cheaper (length_groups;
         the probe then runs at a fixed k too). resume_window: positions of base features kept per slot for
         the draft's catch-up (None: a whole sequence, max_seq_len + the cycle's lookahead, which never wraps;
-        feature_dim values per position and slot). lazy_draft_prefill (adaptive only): a prompt's draft prefill
-        deferred to its catch-up (where its prompt fits the ring); None: on unless prefix caching is (a block
-        enters the prefix cache only with the draft's K/V, which a deferred prefill may never compute).
+        feature_dim values per position and slot). lazy_draft_prefill (adaptive only): the draft prefill of a
+        prompt admitted while the engine is not speculating deferred to its catch-up (where its prompt fits
+        the ring; see the module); None: on unless prefix caching is (a block enters the prefix cache only
+        with the draft's K/V, which a deferred prefill may never compute).
         plain_check (adaptive only): its choices checked against plain decoding (and the largest k) in
         adjacent epochs, the faster arm running (eagle_fx.serving.plain_check)."""
         if admission not in ("continuous", "waves"):
@@ -139,6 +142,7 @@ class Engine:
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k = ks[-1]  # the last cycle's k
+        self.speculating = False  # whether the last decode ran its speculating requests at k > 0 (lazy prefill)
         # pick_k's last choice (the plan its hysteresis keeps): a plain or full epoch of the check leaves it, so
         # that adaptive resumes where it was (from k = 0, the catch-up it must price kept it there)
         self.chosen = (ks[-1], False)
@@ -262,6 +266,7 @@ class Engine:
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if arm == PLAIN else "cost"] += 1
         self.current_k = k
+        self.speculating = k > 0 and bool(spec)
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
             if group:

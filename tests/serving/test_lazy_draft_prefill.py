@@ -1,5 +1,5 @@
 """Lazy draft prefill (Engine lazy_draft_prefill, the default when adaptive without prefix caching):
-a prompt's draft prefill deferred to the draft's catch-up. Oracles: the draft's state when it first
+a prompt's draft prefill deferred to the draft's catch-up while the engine is not speculating. Oracles: the draft's state when it first
 drafts for a request is the eager prefill's (the same logits), every output == HF greedy, and an
 engine that never speculates never runs the draft over a prompt."""
 import pytest
@@ -93,6 +93,30 @@ def test_an_engine_that_never_speculates_never_prefills_the_draft(pair, model):
         computed[lazy] = engine.stats.prefill_tokens_computed_draft
         assert engine.metrics()["kv_blocks_used"] == 0
     assert computed[False] == sum(len(p) for p in prompts) and computed[True] == 0
+
+
+def test_a_prompt_admitted_while_the_engine_speculates_has_its_draft_prefill_at_admission(pair, model):
+    """Lazy draft prefill defers a prompt's draft prefill only while the engine is not speculating:
+    the first prompt (admitted before any decode) is caught up before its first cycle at k = 3, the
+    one admitted while cycles run at k = 3 is prefilled for the draft at admission, as at a fixed k,
+    and never caught up."""
+    tok, base, _, _ = pair
+    first, later = five(pair)[:2]
+    model.kv_cache.reset()
+    engine = Scripted(model, tok, ks=[0, 3], measure=False, lazy_draft_prefill=True)
+    caught_up, catch_up = [], engine._catch_up
+
+    def recording(group):
+        caught_up.extend(r.prompt for r in group)
+        catch_up(group)
+
+    engine._catch_up = recording
+    ids, finished = run(engine, [first], 24, later=[later])
+    for rid, prompt in zip(ids, (first, later)):
+        assert finished[rid] == hf_greedy(base, prompt, 24)
+    assert caught_up == [first]
+    assert engine.stats.prefill_tokens_computed_draft == len(later)
+    assert engine.metrics()["kv_blocks_used"] == 0
 
 
 def test_a_prompt_longer_than_the_ring_is_prefilled_for_the_draft_at_once(pair, model):
