@@ -67,7 +67,7 @@ def admit(engine) -> None:
                                        Profiler(engine.stats, False, engine.device), set(), 1)
     carry = engine.kv.carry_features(blocks, engine.model.bootstrap)
     # deferred only while the engine is not speculating: then the draft may never be needed for it
-    lazy = (engine.lazy_draft_prefill and not engine.speculating
+    lazy = (engine.lazy_draft_prefill and not engine.last_decode_speculated
             and all(engine.can_catch_up(len(r.prompt) - r.cached + 1) for r in group))
     keep = None
     if lazy:  # the base's prefill only; its features kept for the draft's catch-up, with f_{cached-1} (the carry)

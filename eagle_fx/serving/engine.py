@@ -29,9 +29,10 @@ caching is off) a prompt admitted while the engine is not speculating (its last 
 speculating requests at k = 0, or none has run) has its base prefill only: the draft computes its
 prompt in the same catch-up, when (if ever) a cycle speculates for it, a cost choose_k prices as it
 prices any catch-up. A prompt admitted while the engine speculates gets the draft's prefill with the
-base's at admission, as at a fixed k: a catch-up call per request later cost more than that (stop 54). With plain_check (adaptive; on by default) what those choices
-deliver is checked against plain decoding (and, where they mostly speculate at the largest k,
-against that k for every request) in adjacent epochs of the engine's own running, and the faster
+base's at admission, as at a fixed k: a catch-up call per request later cost more than that (README,
+stop 54). With plain_check (adaptive; on by default) what those choices deliver is checked against
+plain decoding (and, where they mostly speculate at the largest k, against that k for every
+request) in adjacent epochs of the engine's own running, and the faster
 arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races wrongly,
 and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts get no
 draft prefill (but with prefix caching or kv_share='layer').
@@ -142,7 +143,8 @@ class Engine:
         self._step_ended: float | None = None  # when the last step that left requests running ended
         self._cycle_seconds = 0.0
         self.current_k = ks[-1]  # the last cycle's k
-        self.speculating = False  # whether the last decode ran its speculating requests at k > 0 (lazy prefill)
+        # whether the last decode ran its speculating requests at k > 0 (lazy draft prefill defers only when not)
+        self.last_decode_speculated = False
         # pick_k's last choice (the plan its hysteresis keeps): a plain or full epoch of the check leaves it, so
         # that adaptive resumes where it was (from k = 0, the catch-up it must price kept it there)
         self.chosen = (ks[-1], False)
@@ -266,7 +268,7 @@ class Engine:
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if arm == PLAIN else "cost"] += 1
         self.current_k = k
-        self.speculating = k > 0 and bool(spec)
+        self.last_decode_speculated = k > 0 and bool(spec)
         groups = [(k, spec), (0, off)] if k > 0 and not ride else [(k, spec + off)]
         for k, group in groups:
             if group:

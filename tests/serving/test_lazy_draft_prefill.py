@@ -1,7 +1,8 @@
 """Lazy draft prefill (Engine lazy_draft_prefill, the default when adaptive without prefix caching):
-a prompt's draft prefill deferred to the draft's catch-up while the engine is not speculating. Oracles: the draft's state when it first
-drafts for a request is the eager prefill's (the same logits), every output == HF greedy, and an
-engine that never speculates never runs the draft over a prompt."""
+a prompt's draft prefill deferred to the draft's catch-up while the engine is not speculating.
+Oracles: the draft's state when it first drafts for a request is the eager prefill's (the same
+logits), every output == HF greedy, an engine that never speculates never runs the draft over a
+prompt, and a prompt admitted while it speculates is prefilled for the draft at admission."""
 import pytest
 import torch
 
