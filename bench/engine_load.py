@@ -22,7 +22,7 @@ adaptive costs beside its choices of k (its choices' share is the rest of adapti
 --held-at-full adds "adaptive full arm": adaptive speculation whose check runs every epoch in its full
 arm (every speculating request at the largest k, no pick_k, no plain epochs; lazy draft prefill,
 catch-ups and collapse detection as adaptive's), against the fixed largest k: what adaptive's
-bookkeeping and deferred draft prefill cost (the rest of adaptive / k=K is its choices and its
+bookkeeping and its catch-ups cost (the rest of adaptive / k=K is its choices and its
 check's epochs of the other arms).
 --num-spec-tokens K (default 3) compiles the pair at k = K: adaptive then chooses among 0, 1 and K,
 and "k=K" (the fixed largest k) runs beside "k=3" (the targets' baseline, on the same pair).
@@ -183,9 +183,10 @@ def adaptive_held_at_zero(model, tokenizer, **kwargs):
 
 def adaptive_full_arm(model, tokenizer, **kwargs):
     """An adaptive engine whose check against plain decoding runs its full arm in every epoch: every
-    speculating request at the largest k, pick_k never asked, no plain or adaptive epochs; its prompts'
-    draft prefill deferred to catch-ups and its requests' acceptance watched as adaptive's. Against the
-    fixed largest k it shows what adaptive speculation costs beside its choices and its check."""
+    speculating request at the largest k, pick_k never asked, no plain or adaptive epochs; lazy draft
+    prefill as adaptive's (deferred to a catch-up for prompts admitted before it speculates) and its
+    requests' acceptance watched as adaptive's. Against the fixed largest k it shows what adaptive
+    speculation costs beside its choices and its check."""
     from eagle_fx.serving.engine import Engine
     from eagle_fx.serving.plain_check import FULL, PlainCheck
 

@@ -33,7 +33,8 @@ def test_adaptive_held_at_k0_decides_but_runs_k0_only(pair, model, monkeypatch):
 
 def test_adaptive_full_arm_runs_the_largest_k_only_and_never_asks_pick_k(pair, model, monkeypatch):
     """bench/engine_load.adaptive_full_arm ("adaptive full arm", --held-at-full): every cycle at the
-    largest k, pick_k never asked, its prompts' draft prefill deferred to catch-ups, its check's epochs
+    largest k, pick_k never asked, its prompts (admitted before any decode) caught up, not prefilled for
+    the draft, its check's epochs
     all full ones; every output == HF greedy and every block free at the end."""
     tok, base, _, _ = pair
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "bench"))
