@@ -33,9 +33,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="comma list of the k values adaptive speculation chooses from, e.g. 0,1,3 (0 is always "
                              "added; default: 0, 1 and --num-spec-tokens; each k is a compiled cycle, minutes of compile with inductor)")
     parser.add_argument("--plain-check", action=argparse.BooleanOptionalAction, default=True,
-                        help="adaptive: check what its choices of k deliver against plain decoding (k = 0) in "
-                             "adjacent epochs of a fifth of a second, and decode with the faster (one epoch in up "
-                             "to 33 checks the other; eagle_fx:plain_check_ratio in /metrics)")
+                        help="adaptive: check what its choices of k, the largest k for every request and plain "
+                             "decoding (k = 0) deliver, in adjacent epochs of a fifth of a second, and decode with the "
+                             "fastest (the largest k first; one epoch in up to 33 checks each other; "
+                             "eagle_fx:plain_check_ratio in /metrics)")
     parser.add_argument("--admission", choices=["continuous", "waves"], default="continuous",
                         help="continuous: a request joins the running batch as soon as a slot and KV blocks are "
                              "free; waves: requests are admitted only when nothing runs, up to --max-batch-size at "

@@ -31,10 +31,9 @@ prompt in the same catch-up, when (if ever) a cycle speculates for it, a cost ch
 prices any catch-up. A prompt admitted while the engine speculates gets the draft's prefill with the
 base's at admission, as at a fixed k: a catch-up call per request later cost more than that (README,
 stop 54). With plain_check (adaptive; on by default) what those choices deliver is checked against
-plain decoding (and, where they mostly speculate at the largest k, against that k for every
-request) in adjacent epochs of the engine's own running, and the faster
-arm runs (eagle_fx.serving.plain_check): prices of a few noisy cycles decide close races wrongly,
-and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts get no
+plain decoding and against the largest k for every request (which leads at first) in adjacent
+epochs of the engine's own running, and the fastest arm runs (eagle_fx.serving.plain_check): prices
+of a few noisy cycles decide close races wrongly, and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts get no
 draft prefill (but with prefix caching or kv_share='layer').
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
@@ -263,8 +262,6 @@ class Engine:
             k, ride = self.ks[-1], False
         else:
             k, ride = self.chosen = self.pick_k(spec, off)
-            if check is not None:
-                check.chose(k == self.ks[-1])
         if k == 0 and self.current_k > 0 and spec:
             self.off_events["plain_check" if arm == PLAIN else "cost"] += 1
         self.current_k = k

@@ -13,10 +13,16 @@ per request-second: its tokens over the sum of each step's seconds times its run
 request-second is what either arm serves, whatever the batch does meanwhile). The arm ahead (the
 leader) runs; the other runs one epoch after `gap` of the leader's, and is compared with the
 leader's epoch right after it (both start with a switch, and the adaptive one pays the catch-up of
-the plain one's tokens); the leader is the arm ahead over the last PAIRS comparisons (the geometric
-mean of their ratios). Each time the trailing arm loses again its gap doubles, up to MAX_GAP; a
-win halves it, and a change of leader sets it back to 1: a settled difference costs one epoch in
-MAX_GAP + 1 at the slower arm, and a changed one is seen within a few of the trailing arm's epochs.
+the plain one's tokens). A trailing arm takes the lead once it is ahead by more than the noise of
+its comparisons: over its last PAIRS comparisons (at least MIN_PAIRS), the mean of log(its rate /
+the leader's) above its standard error. Its gap halves when it wins a comparison and is ahead on
+their mean, and doubles otherwise, up to MAX_GAP; a change of leader sets every gap back to 1: a
+settled difference, and a tie too, costs one epoch in MAX_GAP + 1 at the other arm, and a changed
+one is seen within a few of the trailing arm's epochs. (Until stop 55 a trailing arm led as soon as
+its comparisons' mean was above 0 and halved its gap at any win: under near-ties, the arms 1-5%
+apart and an epoch's rate 10-25% noisy on a CPU, the lead changed every few epochs and a third to a
+half of them ran a trailing arm; a simulation of the rule with the rates measured (README, stop 55)
+put it 1-3% behind the new one at every load.)
 (Set back to 1 by a single win, as until stop 48, near-equal arms' noisy comparisons kept the gap at
 1-2 and a third of the epochs at the trailing arm, each adaptive one paying its catch-ups: adaptive /
 plain on the same compile 0.92, 0.97, 0.97 at 4, 16, 64 in flight against 0.95, 0.98, 0.98 halved.)
@@ -28,31 +34,30 @@ load (requests in the engine r when an epoch starts, by the bit length of r + 1:
 epochs fell into two loads in turn and were never compared).
 
 A third arm, "full" (every speculating request at the engine's largest k, pick_k passed over,
-catch-ups as adaptive's), is tried where adaptive's own choices say speculation pays: at a load
-where pick_k chose the largest k in at least half of its last cycles (FULL_WINDOW, at least
-FULL_MIN_CYCLES of them). There pick_k's own noise costs what it costs plain decoding elsewhere: at
-1 in flight adaptive made 0.90-0.94x fixed k = 3 (stop 48). Each trailing arm has a gap, and
-comparisons against the leader, of its own; the most overdue runs, and it takes the lead when its
-comparisons' mean is above 0 (a tie goes to adaptive). A change of leader keeps the comparisons of
-the old leader and the new one (reversed) and drops the third arm's, which were against the old
-leader; every gap goes back to 1. Tried everywhere, its epochs (every request caught up, cycles at
-k = 3) cost 3-4% at 4 and 64 in flight where k = 3 loses; conditioned, A/B on the same compile, 5
-rounds (stop 48, README): adaptive / plain decoding 1.12 against 1.07 two-armed at 1 in flight,
-0.955 against 0.960 at 4, 0.983 against 0.978 at 64.
+catch-ups as adaptive's), leads each load at first: fixed k = 3 was ahead of adaptive's own choices
+at every load measured (stops 48-55: pick_k's noise and its switches of k cost it 4-8%), and ahead
+of or level with plain decoding (stop 55: 1.05-1.12x k = 0 at 1-16 in flight, 1.00 at 64). The
+arms a check runs, and which leads first, are its `arms` (the first leads). Each trailing arm has a
+gap, and comparisons against the leader, of its own; the most overdue runs (ties: the arms' order).
+A change of leader keeps the comparisons of the old leader and the new one (reversed) and drops the
+third arm's, which were against the old leader. (Until stop 55 full was tried only where pick_k
+chose the largest k in half its last cycles: at 16 and 64 in flight it rarely did, and full never
+ran there while fixed k = 3 was 1.01-1.06x k = 0.)
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 ADAPTIVE, PLAIN, FULL = "adaptive", "plain", "full"
-ARMS = (ADAPTIVE, PLAIN, FULL)
+ARMS = (FULL, PLAIN, ADAPTIVE)  # an engine's check: full leads first, plain is checked first
 EPOCH_SECONDS = 0.2  # an epoch's decode seconds (a few dozen cycles at 4 rows on a CPU, a dozen at 64)
 PAIRS = 6  # comparisons the leader is decided over
+MIN_PAIRS = 3  # comparisons a trailing arm needs before it can take the lead
 MAX_GAP = 32  # the leader's epochs between two of a trailing arm's, at most
-FULL_WINDOW, FULL_MIN_CYCLES = 64, 20  # adaptive's last cycles full is conditioned on, and how many at least
 
 
 def load_of(running: int) -> int:
@@ -61,7 +66,7 @@ def load_of(running: int) -> int:
 
 
 def _fresh(value):
-    return {arm: value() for arm in ARMS}
+    return {arm: value() for arm in (ADAPTIVE, PLAIN, FULL)}
 
 
 def _first_gaps() -> dict:  # what a load, or a new lead, starts with (each arm's)
@@ -76,19 +81,29 @@ def _no_comparisons() -> dict:
     return _fresh(lambda: deque(maxlen=PAIRS))
 
 
+def standard_error(values) -> float:
+    """The standard error of the mean of `values` (sample standard deviation / sqrt(n)); inf below 2."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else math.inf
+
+
 @dataclass
 class Load:
-    """One load's comparisons: which arm runs next (`arm`) and why."""
+    """One load's comparisons: which arm runs next (`arm`) and why. `arms`: those it runs, the first
+    leading at first (and taking ties)."""
 
-    arm: str = ADAPTIVE
-    leader: str = ADAPTIVE
+    arms: tuple = ARMS
+    arm: str = ""
+    leader: str = ""
     # per trailing arm: it runs after `gaps` of the leader's epochs; the leader's epochs `since` its
     # last; its comparisons `against` the leader, log(its rate / the leader's)
     gaps: dict = field(default_factory=_first_gaps)
     since: dict = field(default_factory=_no_epochs)
     against: dict = field(default_factory=_no_comparisons)
     trailing: tuple | None = None  # (arm, rate) of a trailing arm's last epoch, until compared
-    at_k_max: deque = field(default_factory=lambda: deque(maxlen=FULL_WINDOW))  # pick_k's last: the largest k?
+
+    def __post_init__(self):
+        self.arm = self.arm or self.arms[0]
+        self.leader = self.leader or self.arms[0]
 
     @property
     def gap(self) -> int:
@@ -97,16 +112,13 @@ class Load:
 
     @property
     def ratios(self) -> list[float]:
-        """log(adaptive / plain) over their last comparisons (none while full leads)."""
-        if self.leader == FULL:
-            return []
-        return list(self.against[ADAPTIVE]) if self.leader == PLAIN else [-x for x in self.against[PLAIN]]
-
-    @property
-    def full_due(self) -> bool:
-        """Whether full is tried here: pick_k chose the largest k in half of its last cycles."""
-        n = len(self.at_k_max)
-        return n >= FULL_MIN_CYCLES and 2 * sum(self.at_k_max) >= n
+        """log(speculation / plain) over their last comparisons: plain's against the leading arm
+        (reversed) while full or adaptive leads; while plain leads, those of the speculating arm ahead on
+        their mean (of those with any)."""
+        if self.leader != PLAIN:
+            return [-x for x in self.against[PLAIN]]
+        compared = [list(self.against[a]) for a in (FULL, ADAPTIVE) if self.against[a]]
+        return max(compared, key=lambda x: sum(x) / len(x), default=[])
 
     def closed(self, rate: float) -> None:
         """An epoch of `arm` at `rate` ended: compare, and pick the next epoch's arm."""
@@ -117,21 +129,21 @@ class Load:
             (other, other_rate), self.trailing = self.trailing, None
             against = self.against[other]
             against.append(math.log(other_rate / rate))
-            total = sum(against)
-            if total > 0 or (total == 0 and other == ADAPTIVE):
+            mean = sum(against) / len(against)
+            if len(against) >= MIN_PAIRS and mean > standard_error(against):
                 self.leader, self.gaps, self.since, self.against = other, _first_gaps(), _no_epochs(), _no_comparisons()
                 self.against[arm].extend(-x for x in against)  # (the old leader's, against the new one)
-            elif other_rate > rate:  # a win of the trailing arm that left the lead where it was
+            elif other_rate > rate and mean > 0:  # a win of an arm ahead on the mean, the lead where it was
                 self.gaps[other] = max(1, self.gaps[other] // 2)
             else:
                 self.gaps[other] = min(2 * self.gaps[other], MAX_GAP)
         if arm == self.leader:
-            trailing = [a for a in ARMS if a != self.leader]
+            trailing = [a for a in self.arms if a != self.leader]
             for a in trailing:
                 self.since[a] += 1
-            due = [a for a in trailing if self.since[a] >= self.gaps[a] and (a != FULL or self.full_due)]
+            due = [a for a in trailing if self.since[a] >= self.gaps[a]]
             if due:
-                self.arm = max(due, key=lambda a: self.since[a] - self.gaps[a])  # (the most overdue; ties: ARMS' order)
+                self.arm = max(due, key=lambda a: self.since[a] - self.gaps[a])  # (the most overdue; ties: the arms' order)
                 self.since[self.arm] = 0
                 return
         self.arm = self.leader
@@ -139,12 +151,15 @@ class Load:
 
 class PlainCheck:
     """Which arm the engine's next step runs (`arm_for(in_flight)`), from the epochs' rates (`record`
-    each step) and adaptive's choices (`chose`)."""
+    each step). arms: those compared, the first leading each load at first (default: full, plain,
+    adaptive)."""
 
-    def __init__(self, epoch_seconds: float = EPOCH_SECONDS):
-        self.epoch_seconds = epoch_seconds
+    def __init__(self, epoch_seconds: float = EPOCH_SECONDS, arms: tuple = ARMS):
+        if not arms or len(set(arms)) != len(arms) or not set(arms) <= {ADAPTIVE, PLAIN, FULL}:
+            raise ValueError(f"arms must be distinct ones of {ADAPTIVE!r}, {PLAIN!r}, {FULL!r}, got {arms!r}")
+        self.epoch_seconds, self.arms = epoch_seconds, tuple(arms)
         self.loads: dict[int, Load] = {}
-        self.epochs = dict.fromkeys(ARMS, 0)
+        self.epochs = dict.fromkeys((ADAPTIVE, PLAIN, FULL), 0)
         self._at: int | None = None  # the load of the epoch under way (or of the last one)
         self._open = False  # an epoch is under way
         self._tokens = self._seconds = self._request_seconds = 0.0
@@ -162,7 +177,7 @@ class PlainCheck:
 
     @property
     def _load(self) -> Load:
-        return self.loads.setdefault(self._at, Load()) if self._at is not None else Load()
+        return self.loads.setdefault(self._at, Load(self.arms)) if self._at is not None else Load(self.arms)
 
     # the state of the current epoch's load (or the last one's)
     arm = property(lambda self: self._load.arm)
@@ -170,14 +185,10 @@ class PlainCheck:
     gap = property(lambda self: self._load.gap)
     ratios = property(lambda self: self._load.ratios)
 
-    def chose(self, k_max: bool) -> None:
-        """A cycle of the adaptive arm ran pick_k's choice: the engine's largest k (k_max) or not."""
-        self._load.at_k_max.append(k_max)
-
     @property
     def ratio(self) -> float | None:
-        """adaptive / plain at the current load over its last comparisons (geometric mean); None before
-        any, and while full leads."""
+        """speculation / plain at the current load over its last comparisons (geometric mean; `ratios`
+        says whose); None before any."""
         ratios = self._load.ratios
         return math.exp(sum(ratios) / len(ratios)) if ratios else None
 

@@ -44,9 +44,9 @@ SCALARS = (
      "Seconds of the draft's catch-up calls over tokens committed at k = 0 and prompts whose draft prefill "
      "was deferred (lazy draft prefill), before a cycle at k > 0."),
     ("eagle_fx:plain_check_ratio", "gauge", "plain_check_ratio",
-     "Adaptive speculation's output tokens per request-second over plain decoding's, in adjacent epochs (the "
-     "geometric mean of the last comparisons); below 1 the engine decodes at k = 0, checking adaptive now and then. "
-     "Absent while the full arm (the largest k for every request) leads."),
+     "Speculation's output tokens per request-second over plain decoding's, in adjacent epochs (the geometric "
+     "mean of the last comparisons: the leading arm's, full or adaptive, or while plain decoding leads, those of the "
+     "speculating arm closer to it); below 1 the engine decodes at k = 0, checking speculation now and then."),
 )
 
 # (exposed name, type, engine.metrics() key of a {label value: number} dict, label, help); a tuple of
