@@ -21,6 +21,7 @@ import importlib.util
 import math
 import random
 import statistics
+import sys
 
 from eagle_fx.serving import plain_check
 
@@ -52,6 +53,7 @@ def efficiency(module, rates: dict, sigma: float, epochs: int, switch_cost: floa
 def load_module(path: str):
     spec = importlib.util.spec_from_file_location("compared_plain_check", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
     spec.loader.exec_module(module)
     return module
 
