@@ -12,7 +12,8 @@ of fixed k = 3 / k = 0 measured in one process at stop 55 (full = k = 3, plain =
 engine's adjacent epochs were 10-25% apart at 16-64 in flight (stop 55).
 
     python bench/plain_check_sim.py
-    python bench/plain_check_sim.py --compare /tmp/old_plain_check.py   # e.g. `git show REV:eagle_fx/serving/plain_check.py`
+    git show REV:eagle_fx/serving/plain_check.py > /tmp/old_plain_check.py
+    python bench/plain_check_sim.py --compare /tmp/old_plain_check.py
 """
 from __future__ import annotations
 

@@ -33,8 +33,9 @@ base's at admission, as at a fixed k: a catch-up call per request later cost mor
 stop 54). With plain_check (adaptive; on by default) what those choices deliver is checked against
 plain decoding and against the largest k for every request (which leads at first) in adjacent
 epochs of the engine's own running, and the fastest arm runs (eagle_fx.serving.plain_check): prices
-of a few noisy cycles decide close races wrongly, and the check caps what that costs. A fixed k = 0 on a pair never drafts, and its prompts get no
-draft prefill (but with prefix caching or kv_share='layer').
+of a few noisy cycles decide close races wrongly, and the check caps what that costs. A fixed k = 0
+on a pair never drafts, and its prompts get no draft prefill (but with prefix caching or
+kv_share='layer').
 
 Lossless: every cycle is the model's chain cycle, so a greedy request's output is HF's greedy decode
 of its prompt alone (fp32), whatever it is batched with and whatever k each cycle runs.
@@ -84,8 +85,8 @@ class Engine:
         prompt admitted while the engine is not speculating deferred to its catch-up (where its prompt fits
         the ring; see the module); None: on unless prefix caching is (a block enters the prefix cache only
         with the draft's K/V, which a deferred prefill may never compute).
-        plain_check (adaptive only): its choices checked against plain decoding (and the largest k) in
-        adjacent epochs, the faster arm running (eagle_fx.serving.plain_check)."""
+        plain_check (adaptive only): its choices checked against plain decoding and the largest k (which
+        leads at first) in adjacent epochs, the fastest arm running (eagle_fx.serving.plain_check)."""
         if admission not in ("continuous", "waves"):
             raise ValueError(f"admission must be 'continuous' or 'waves', got {admission!r}")
         self.admission = admission

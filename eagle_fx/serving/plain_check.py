@@ -53,6 +53,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 ADAPTIVE, PLAIN, FULL = "adaptive", "plain", "full"
+ALL_ARMS = (ADAPTIVE, PLAIN, FULL)  # (the order of every per-arm dict)
 ARMS = (FULL, PLAIN, ADAPTIVE)  # an engine's check: full leads first, plain is checked first
 EPOCH_SECONDS = 0.2  # an epoch's decode seconds (a few dozen cycles at 4 rows on a CPU, a dozen at 64)
 PAIRS = 6  # comparisons the leader is decided over
@@ -66,7 +67,7 @@ def load_of(running: int) -> int:
 
 
 def _fresh(value):
-    return {arm: value() for arm in (ADAPTIVE, PLAIN, FULL)}
+    return {arm: value() for arm in ALL_ARMS}
 
 
 def _first_gaps() -> dict:  # what a load, or a new lead, starts with (each arm's)
@@ -143,7 +144,8 @@ class Load:
                 self.since[a] += 1
             due = [a for a in trailing if self.since[a] >= self.gaps[a]]
             if due:
-                self.arm = max(due, key=lambda a: self.since[a] - self.gaps[a])  # (the most overdue; ties: the arms' order)
+                # the most overdue (ties: the arms' order)
+                self.arm = max(due, key=lambda a: self.since[a] - self.gaps[a])
                 self.since[self.arm] = 0
                 return
         self.arm = self.leader
@@ -155,11 +157,11 @@ class PlainCheck:
     adaptive)."""
 
     def __init__(self, epoch_seconds: float = EPOCH_SECONDS, arms: tuple = ARMS):
-        if not arms or len(set(arms)) != len(arms) or not set(arms) <= {ADAPTIVE, PLAIN, FULL}:
+        if not arms or len(set(arms)) != len(arms) or not set(arms) <= set(ALL_ARMS):
             raise ValueError(f"arms must be distinct ones of {ADAPTIVE!r}, {PLAIN!r}, {FULL!r}, got {arms!r}")
         self.epoch_seconds, self.arms = epoch_seconds, tuple(arms)
         self.loads: dict[int, Load] = {}
-        self.epochs = dict.fromkeys((ADAPTIVE, PLAIN, FULL), 0)
+        self.epochs = dict.fromkeys(ALL_ARMS, 0)
         self._at: int | None = None  # the load of the epoch under way (or of the last one)
         self._open = False  # an epoch is under way
         self._tokens = self._seconds = self._request_seconds = 0.0
